@@ -41,10 +41,12 @@ def test_counters_sum_engines_and_tau_excludes_bonus():
 
 
 def test_counter_delta_covers_only_the_window():
-    before = SpecCounters(drafts=40.0, draft_tokens=120.0, accepted_tokens=60.0,
-                          accepted_per_pos=[32.0, 20.0, 8.0])  # fmt: skip
-    after = SpecCounters(drafts=50.0, draft_tokens=150.0, accepted_tokens=90.0,
-                         accepted_per_pos=[42.0, 30.0, 18.0])  # fmt: skip
+    before = SpecCounters(
+        drafts=40.0, draft_tokens=120.0, accepted_tokens=60.0, accepted_per_pos=[32.0, 20.0, 8.0]
+    )
+    after = SpecCounters(
+        drafts=50.0, draft_tokens=150.0, accepted_tokens=90.0, accepted_per_pos=[42.0, 30.0, 18.0]
+    )
     delta = after - before
     assert delta.tau == pytest.approx(4.0)
     assert delta.acceptance_per_pos == pytest.approx([1.0, 1.0, 1.0])
@@ -69,16 +71,26 @@ def test_sweep_against_local_servers(tiny_servers, tmp_path, api):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w5 w6 w7 w8\nw10 w11 w12\nw100 w200 w300 w400 w500\n")
     output, max_tokens, per_stream = tmp_path / "bench.json", 24, 2
-    code = serve_bench.main([
-        "--url", tiny_servers["spec"].url,
-        "--baseline-url", tiny_servers["plain"].url,
-        "--api", api,
-        "--concurrency", "1,4",
-        "--requests-per-stream", str(per_stream),
-        "--max-tokens", str(max_tokens),
-        "--prompts", str(prompts),
-        "--output", str(output),
-    ])  # fmt: skip
+    code = serve_bench.main(
+        [
+            "--url",
+            tiny_servers["spec"].url,
+            "--baseline-url",
+            tiny_servers["plain"].url,
+            "--api",
+            api,
+            "--concurrency",
+            "1,4",
+            "--requests-per-stream",
+            str(per_stream),
+            "--max-tokens",
+            str(max_tokens),
+            "--prompts",
+            str(prompts),
+            "--output",
+            str(output),
+        ]
+    )
     assert code == 0
     report = json.loads(output.read_text())
     assert [level["concurrency"] for level in report["levels"]] == [1, 4]
