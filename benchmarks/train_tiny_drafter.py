@@ -92,6 +92,26 @@ def make_draft(target, weights: dict[str, torch.Tensor]) -> TorchBlockDraft:
     )
 
 
+def init_from_target(weights: dict[str, torch.Tensor], target, spec: DSparkDraftSpec) -> None:
+    """Start every draft layer as a copy of the target's last decoder layer, reading
+    the features of the layer before it: the draft then begins as the target's own
+    last step on the anchor's context, which training refines."""
+    last = len(target.model.layers) - 1
+    if last - 1 not in spec.target_layer_ids:
+        raise ValueError(f"--init-from-target needs target layer {last - 1} among the taps")
+    layer = {name: w.detach() for name, w in target.model.layers[last].state_dict().items()}
+    for i in range(spec.num_layers):
+        for name, w in layer.items():
+            weights[f"layers.{i}.{name}"] = w.clone()
+    hidden = target.config.hidden_size
+    fc = torch.zeros_like(weights["fc.weight"])
+    tap = spec.target_layer_ids.index(last - 1)
+    fc[:, tap * hidden : (tap + 1) * hidden] = torch.eye(hidden)
+    weights["fc.weight"] = fc
+    weights["hidden_norm.weight"] = layer["input_layernorm.weight"].clone()
+    weights["norm.weight"] = target.model.norm.weight.detach().clone()
+
+
 def train(draft: TorchBlockDraft, corpus: Corpus, layout: BlockLayout, args) -> list[float]:
     """Random anchors over the generated part; cross-entropy on every prediction,
     weighted by position."""
@@ -200,6 +220,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (tiny ops: 1 is fastest)"
     )
+    parser.add_argument(
+        "--random-init", action="store_true", help="do not start from the target's last layer"
+    )
     parser.add_argument("--eval-only", action="store_true", help="score the saved draft")
     parser.add_argument("--engine", action="store_true", help="also score it in vLLM")
     args = parser.parse_args(argv)
@@ -232,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         weights = load_file(str(draft_dir / "model.safetensors"))
     else:
         weights = random_dspark_weights(spec)
+        if not args.random_init:
+            init_from_target(weights, target, spec)
         if args.method == "dflash":
             weights = {n: w for n, w in weights.items() if not n.startswith("markov_head.")}
         untrained = simulate_acceptance(make_draft(target, weights), eval_corpus, layout)
