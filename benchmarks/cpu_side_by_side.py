@@ -1,16 +1,18 @@
 """Side-by-side speed of no speculation, upstream DFlash and DSpark on the real vLLM
 CPU engine, with tiny local models.
 
-Every method sees the same prompts and the same greedy sampling. Two draft kinds:
+Every method sees the same prompts and the same greedy sampling. Draft kinds:
   * oracle: the target's lm_head is zero, so greedy decoding emits token 0 forever
     and every draft is accepted (DSpark's Markov projection is zeroed too, or it
     would break the tie) -- the ceiling of what speculation can buy here;
   * random: independent random draft weights, so drafts are (almost) never
-    accepted -- the cost of speculating for nothing.
+    accepted -- the cost of speculating for nothing;
+  * trained (opt-in): the drafts `train_tiny_drafter` wrote, on its target.
 Runs alternate method by method within each round (A B C, A B C, ...) and the
 report gives medians over rounds, because shared CPUs are noisy.
 
     python -m benchmarks.cpu_side_by_side                      # all methods
+    python -m benchmarks.cpu_side_by_side --drafts oracle,random,trained
     python -m benchmarks.cpu_side_by_side --methods nospec,dflash --rounds 2
 
 `dspark` needs this project's patched vLLM; on a stock vLLM the harness reports it
@@ -43,7 +45,7 @@ from dspark_demo.tiny_models import (
 )
 
 METHODS = ("nospec", "dflash", "dspark")
-DRAFT_KINDS = ("oracle", "random")
+DRAFT_KINDS = ("oracle", "random", "trained")
 PROMPT_LEN = 16
 
 
@@ -70,6 +72,15 @@ class Samples:
     def add(self, concurrency: int, result: GenerateResult) -> None:
         self.tokens_per_s.setdefault(concurrency, []).append(result.tokens_per_s)
         self.results.setdefault(concurrency, []).append(result)
+
+
+def trained_models(trained_dir: Path) -> dict[str, Path]:
+    """The target and drafts written by `train_tiny_drafter --out trained_dir`."""
+    models = {"target": trained_dir / "target"}
+    for method in ("dspark", "dflash"):
+        if (trained_dir / f"{method}_draft" / "model.safetensors").exists():
+            models[method] = trained_dir / f"{method}_draft"
+    return models
 
 
 def build_models(root: Path) -> dict[str, dict[str, Path]]:
@@ -172,6 +183,8 @@ def vllm_version() -> str:
 
 def run(args: argparse.Namespace) -> dict:
     models = build_models(args.out / "models")
+    if "trained" in args.drafts:
+        models["trained"] = trained_models(args.trained_dir)
     prompts = fixed_prompts(max(args.concurrency))
     setups = [
         Setup(kind, method, 0 if method == "nospec" else k)
@@ -184,6 +197,12 @@ def run(args: argparse.Namespace) -> dict:
     for round_index in range(args.rounds):
         for setup in setups:
             if setup.method in unavailable:
+                continue
+            if setup.method != "nospec" and setup.method not in models[setup.draft_kind]:
+                unavailable[f"{setup.draft_kind} {setup.method}"] = (
+                    f"no trained {setup.method} draft in {args.trained_dir}: run "
+                    f"`python -m benchmarks.train_tiny_drafter --method {setup.method}` first"
+                )
                 continue
             print(
                 f"round {round_index + 1}/{args.rounds}: {setup.draft_kind} {setup.label}",
@@ -315,7 +334,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/side_by_side"))
     parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--drafts", default=",".join(DRAFT_KINDS))
+    parser.add_argument(
+        "--drafts",
+        default="oracle,random",
+        help="oracle, random, trained (the output of train_tiny_drafter, see --trained-dir)",
+    )
+    parser.add_argument("--trained-dir", type=Path, default=Path("benchmarks/results/tiny"))
     parser.add_argument("--k", default="2,4", help="drafted tokens per step")
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--rounds", type=int, default=3)
@@ -332,6 +356,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         parser.error("--k and --concurrency take comma-separated integers")
+    if "trained" in args.drafts and not (args.trained_dir / "target" / "config.json").exists():
+        parser.error(
+            f"--drafts trained needs a trained draft in {args.trained_dir}: run "
+            "`python -m benchmarks.train_tiny_drafter` first (or pass --trained-dir)"
+        )
     if args.rounds < 1 or min(args.k) < 1 or min(args.concurrency) < 1:
         parser.error("--rounds, --k and --concurrency must be >= 1")
     if PROMPT_LEN + args.max_tokens + max(args.k) + 1 > 256:

@@ -10,9 +10,9 @@ alternating endpoint by endpoint, and prints the speed-up ratio per level.
 Standard library only; plotting uses matplotlib when it is installed.
 
 Timing convention (client side, per request):
-  * TTFT: request sent -> first streamed chunk that carries text;
-  * per-stream decode tok/s: tokens after the first text chunk / (last text chunk -
-    first text chunk), i.e. decode after the first token (vLLM returns token ids per
+  * TTFT: request sent -> first streamed chunk that carries output;
+  * per-stream decode tok/s: tokens after the first output chunk / (last output chunk -
+    first output chunk), i.e. decode after the first token (vLLM returns token ids per
     chunk; other servers are assumed to put one token in the first chunk);
   * aggregate tok/s: all completion tokens of the level / level wall time (first
     request sent -> last request finished), prefill and queueing included.
@@ -53,10 +53,14 @@ SPEC_COUNTERS = {
 }
 SPEC_PER_POS_COUNTER = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
+# Chat deltas: reasoning parsers move text out of `content`.
+OUTPUT_DELTA_KEYS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
 TIMING_CONVENTION = (
-    "client-side; TTFT = request sent -> first text chunk; per-stream decode tok/s = "
-    "tokens after the first text chunk / (last text chunk - first text chunk); aggregate tok/s = "
-    "completion tokens of the level / level wall time (prefill and queueing included)"
+    "client-side; TTFT = request sent -> first output chunk; per-stream decode tok/s = "
+    "tokens after the first output chunk / (last output chunk - first output chunk); "
+    "aggregate tok/s = completion tokens of the level / level wall time (prefill and "
+    "queueing included)"
 )
 
 
@@ -222,14 +226,16 @@ class OpenAIEndpoint:
         return "/v1/completions", body
 
     @staticmethod
-    def _chunk_text_and_tokens(chunk: dict) -> tuple[str, int | None]:
-        """Text of a chunk, and its token count when the server returns token ids."""
-        text, tokens = "", None
+    def _chunk_output(chunk: dict) -> tuple[bool, int | None]:
+        """Whether a chunk carries generated output (text, reasoning or tool-call
+        deltas, token ids), and its token count when the server returns token ids."""
+        has_output, tokens = False, None
         for choice in chunk.get("choices") or []:
-            text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            delta = choice.get("delta") or {}
+            has_output |= any((choice.get("text"), *(delta.get(key) for key in OUTPUT_DELTA_KEYS)))
             if isinstance(choice.get("token_ids"), list):
                 tokens = (tokens or 0) + len(choice["token_ids"])
-        return text, tokens
+        return has_output or bool(tokens), tokens
 
     def stream(self, prompt: str, max_tokens: int, ignore_eos: bool) -> StreamResult:
         path, body = self._request_body(prompt, max_tokens, ignore_eos)
@@ -243,8 +249,8 @@ class OpenAIEndpoint:
                     if not line.startswith("data:") or line == "data: [DONE]":
                         continue
                     chunk = json.loads(line[len("data:") :])
-                    text, tokens = self._chunk_text_and_tokens(chunk)
-                    if text:
+                    has_output, tokens = self._chunk_output(chunk)
+                    if has_output:
                         last = time.perf_counter()
                         if first is None:
                             first = last
@@ -255,7 +261,7 @@ class OpenAIEndpoint:
             result.error = str(exc)
             return result
         if first is None:
-            result.error = "the stream carried no text"
+            result.error = "the stream carried no output"
             return result
         result.ttft_s = first - sent
         result.decode_s = last - first

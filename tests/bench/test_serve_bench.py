@@ -113,3 +113,18 @@ def test_sweep_against_local_servers(tiny_servers, tmp_path, api):
         assert level["speedup_aggregate"] == pytest.approx(
             spec["aggregate_tokens_per_s"] / level["baseline"]["aggregate_tokens_per_s"]
         )
+
+
+@pytest.mark.parametrize(
+    ("chunk", "expected"),
+    [
+        ({"choices": [{"text": " w5", "token_ids": [9]}]}, (True, 1)),
+        ({"choices": [{"delta": {"content": "hi"}}]}, (True, None)),
+        ({"choices": [{"delta": {"reasoning_content": "think"}}]}, (True, None)),
+        ({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, (False, None)),
+        ({"choices": [], "usage": {"completion_tokens": 3}}, (False, None)),
+    ],
+)
+def test_output_chunks_include_reasoning_deltas(chunk, expected):
+    """Reasoning parsers (e.g. DeepSeek's) stream text outside `content`."""
+    assert serve_bench.OpenAIEndpoint._chunk_output(chunk) == expected
