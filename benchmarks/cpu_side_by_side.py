@@ -244,6 +244,7 @@ def run(args: argparse.Namespace) -> dict:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "cpus": len(os.sched_getaffinity(0)),
+            "load_average_1_5_15_at_end": os.getloadavg(),
             "vllm": vllm_version(),
             "torch": torch.__version__,
             "rounds": args.rounds,

@@ -204,10 +204,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=default_dir, help="target + drafts go here")
     parser.add_argument("--method", choices=["dspark", "dflash"], default="dspark")
     parser.add_argument("--k", type=int, default=4, help="drafted tokens per block")
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=32, help="sequences per step")
     parser.add_argument("--anchors", type=int, default=16, help="anchors per sequence")
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument(
         "--position-decay", type=float, default=2.0, help="loss weight exp(-j / decay)"
     )
