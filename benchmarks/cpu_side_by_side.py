@@ -9,7 +9,7 @@ Every method sees the same prompts and the same greedy sampling. Draft kinds:
     accepted -- the cost of speculating for nothing;
   * trained (opt-in): the drafts `train_tiny_drafter` wrote, on its target.
 Runs alternate method by method within each round (A B C, A B C, ...) and the
-report gives medians over rounds, because shared CPUs are noisy.
+report gives medians over rounds and repeats, because shared CPUs are noisy.
 
     python -m benchmarks.cpu_side_by_side                      # all methods
     python -m benchmarks.cpu_side_by_side --drafts oracle,random,trained
@@ -108,10 +108,16 @@ def fixed_prompts(count: int) -> list[list[int]]:
 
 
 def measure(
-    engine: Engine, prompts: list[list[int]], concurrencies: list[int], max_tokens: int
-) -> dict[int, GenerateResult]:
-    engine.generate(prompts[:1], 8)  # warm-up, not measured
-    return {c: engine.generate(prompts[:c], max_tokens) for c in concurrencies}
+    engine: Engine, prompts: list[list[int]], concurrencies: list[int], args: argparse.Namespace
+) -> list[tuple[int, GenerateResult]]:
+    """A warm-up at the top concurrency, then `--repeats` timed calls per level,
+    interleaved level by level."""
+    engine.generate(prompts[: max(concurrencies)], 8)  # warm-up, not measured
+    return [
+        (c, engine.generate(prompts[:c], args.max_tokens))
+        for _ in range(args.repeats)
+        for c in concurrencies
+    ]
 
 
 def spec_config(setup: Setup, models: dict[str, dict[str, Path]]) -> dict | None:
@@ -122,7 +128,7 @@ def spec_config(setup: Setup, models: dict[str, dict[str, Path]]) -> dict | None
 
 
 def summarize(setup: Setup, samples: Samples, reference: Samples | None) -> dict:
-    """Medians over rounds; acceptance from the counters summed over rounds."""
+    """Medians over all timed calls; acceptance from the counters summed over them."""
     rows = {}
     for concurrency, speeds in samples.tokens_per_s.items():
         results = samples.results[concurrency]
@@ -140,7 +146,7 @@ def summarize(setup: Setup, samples: Samples, reference: Samples | None) -> dict
         )
         row = {
             "tokens_per_s_median": statistics.median(speeds),
-            "tokens_per_s_rounds": speeds,
+            "tokens_per_s_samples": speeds,
             "tau": 1 + accepted / drafts if drafts else None,
             "acceptance_per_pos": per_pos,
         }
@@ -219,9 +225,7 @@ def run(args: argparse.Namespace) -> dict:
                 print(f"  {setup.method} UNAVAILABLE in this vLLM: {exc}", flush=True)
                 continue
             try:
-                for concurrency, result in measure(
-                    engine, prompts, args.concurrency, args.max_tokens
-                ).items():
+                for concurrency, result in measure(engine, prompts, args.concurrency, args):
                     samples[setup].add(concurrency, result)
             finally:
                 engine.close()
@@ -248,10 +252,11 @@ def run(args: argparse.Namespace) -> dict:
             "vllm": vllm_version(),
             "torch": torch.__version__,
             "rounds": args.rounds,
+            "repeats": args.repeats,
             "max_tokens": args.max_tokens,
             "prompt_len": PROMPT_LEN,
             "timing": "tokens/s = generated tokens / wall time of one LLM.generate call "
-            "holding `concurrency` prompts; median over rounds",
+            "holding `concurrency` prompts; median over rounds x repeats",
         },
         "unavailable": unavailable,
         "results": list(summaries.values()),
@@ -343,8 +348,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--trained-dir", type=Path, default=Path("benchmarks/results/tiny"))
     parser.add_argument("--k", default="2,4", help="drafted tokens per step")
     parser.add_argument("--concurrency", default="1,4,8")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3, help="engine starts per setup")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine and C")
+    parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args(argv)
     args.methods = args.methods.split(",")
     args.drafts = args.drafts.split(",")
@@ -362,7 +368,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"--drafts trained needs a trained draft in {args.trained_dir}: run "
             "`python -m benchmarks.train_tiny_drafter` first (or pass --trained-dir)"
         )
-    if args.rounds < 1 or min(args.k) < 1 or min(args.concurrency) < 1:
+    if args.rounds < 1 or args.repeats < 1 or min(args.k) < 1 or min(args.concurrency) < 1:
         parser.error("--rounds, --k and --concurrency must be >= 1")
     if PROMPT_LEN + args.max_tokens + max(args.k) + 1 > 256:
         parser.error("--max-tokens too large for the 256-token context")
