@@ -85,6 +85,7 @@ class BlockLayout:
 
     num_draft_tokens: int
     sample_from_anchor: bool  # True: DSpark; False: vLLM V1 DFlash
+    block_start_shift: int = 0  # RoPE positions of the block move by this (fault injection)
 
     @property
     def first_predicting_slot(self) -> int:
@@ -195,7 +196,7 @@ class TorchBlockDraft(torch.nn.Module):
         ctx_visible = ctx_positions[:, None, :] <= anchors[..., None]  # [B, n, T]
 
         offsets = torch.arange(layout.block_len)
-        block_positions = anchors[..., None] + 1 + offsets  # [B, n, L]
+        block_positions = anchors[..., None] + 1 + layout.block_start_shift + offsets  # [B, n, L]
         anchor_tokens = torch.gather(token_ids, 1, anchors + 1)  # c, [B, n]
         block_tokens = torch.full_like(block_positions, self.noise_token_id)
         block_tokens[..., 0] = anchor_tokens

@@ -18,7 +18,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -177,6 +177,29 @@ def simulate_acceptance(draft: TorchBlockDraft, corpus: Corpus, layout: BlockLay
     )
 
 
+def foreign_context(corpus: Corpus, keep_recent: int) -> Corpus:
+    """Each sequence's target features older than `keep_recent` positions come from
+    another sequence: what a draft sees when its context window holds a stale or
+    foreign request's entries."""
+    features = corpus.features.clone()
+    other = torch.roll(torch.arange(len(features)), 1)
+    features[:, :-keep_recent] = corpus.features[other, :-keep_recent]
+    return Corpus(corpus.token_ids, features, corpus.prompt_len)
+
+
+def fault_sensitivity(draft: TorchBlockDraft, corpus: Corpus, layout: BlockLayout) -> dict:
+    """Tau under injected faults: which bugs this trained draft can reveal."""
+    faults = {
+        "block_rope_positions_plus_1": (replace(layout, block_start_shift=1), corpus),
+        "block_rope_positions_minus_1": (replace(layout, block_start_shift=-1), corpus),
+        "context_older_than_12_from_another_request": (layout, foreign_context(corpus, 12)),
+    }
+    if layout.sample_from_anchor:
+        dflash_slots = BlockLayout(layout.num_draft_tokens, sample_from_anchor=False)
+        faults["predictions_read_one_slot_later"] = (dflash_slots, corpus)
+    return {name: simulate_acceptance(draft, c, lay).tau for name, (lay, c) in faults.items()}
+
+
 def engine_tau(target_dir: Path, draft_dir: Path, method: str, corpus: Corpus, k: int) -> dict:
     """Tau of the saved draft inside vLLM, from its spec-decode counters."""
     from benchmarks.engine_runs import EngineUnavailable, run_engine
@@ -225,6 +248,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--eval-only", action="store_true", help="score the saved draft")
     parser.add_argument("--engine", action="store_true", help="also score it in vLLM")
+    parser.add_argument(
+        "--sensitivity", action="store_true", help="also score it under injected faults"
+    )
     args = parser.parse_args(argv)
     if args.prompt_len + args.new_tokens > 256:
         parser.error("--prompt-len + --new-tokens must fit the engine's 256-token context")
@@ -276,6 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         f"(k={args.k}, {trained.blocks} blocks), acceptance per position "
         + " ".join(f"{p:.2f}" for p in trained.acceptance_per_pos)
     )
+    if args.sensitivity:
+        report["fault_sensitivity"] = fault_sensitivity(
+            make_draft(target, weights), eval_corpus, layout
+        )
+        for fault, tau in report["fault_sensitivity"].items():
+            print(f"  with fault {fault}: tau {tau:.2f}")
     if args.engine:
         report["engine_eval"] = engine_tau(target_dir, draft_dir, args.method, eval_corpus, args.k)
         print("vLLM engine eval:", json.dumps(report["engine_eval"]))

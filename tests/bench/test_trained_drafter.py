@@ -23,6 +23,7 @@ def test_engine_acceptance_matches_torch_replay(tmp_path, method):
             "--train-seqs", "256",
             "--eval-seqs", "16",
             "--log-every", "100",
+            "--random-init",  # so that acceptance comes from training alone
             "--engine",
         ]
     )  # fmt: skip
