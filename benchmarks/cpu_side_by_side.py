@@ -346,6 +346,7 @@ def plot(report: dict, path: Path) -> bool:
         accept_ax.set(
             title=f"{kind} drafts: acceptance per position", xlabel="position", ylim=(-0.05, 1.05)
         )
+        accept_ax.xaxis.get_major_locator().set_params(integer=True)
         speed_ax.legend()
         if accept_ax.lines:
             accept_ax.legend()

@@ -408,6 +408,7 @@ def plot_report(report: dict, path: Path) -> bool:
         ax_speed.plot(concurrencies, agg, style, label=f"{name} aggregate")
         ax_speed.plot(concurrencies, per_stream, style, alpha=0.5, label=f"{name} per stream")
     ax_speed.set(xlabel="concurrency", ylabel="tokens/s", xscale="log", title="Decode speed")
+    ax_speed.minorticks_off()
     ax_speed.set_xticks(concurrencies, [str(c) for c in concurrencies])
     ax_speed.legend()
     for level in levels:
@@ -415,6 +416,7 @@ def plot_report(report: dict, path: Path) -> bool:
         if per_pos:
             ax_accept.plot(range(len(per_pos)), per_pos, "-o", label=f"C={level['concurrency']}")
     ax_accept.set(xlabel="draft position", ylabel="acceptance", ylim=(0, 1.05))
+    ax_accept.xaxis.get_major_locator().set_params(integer=True)
     ax_accept.set_title("Acceptance per position (spec endpoint)")
     if ax_accept.lines:
         ax_accept.legend()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -67,7 +68,7 @@ def test_unreachable_server_is_a_clear_error(capsys, tmp_path, unused_url):
 
 @pytest.mark.engine
 @pytest.mark.parametrize("api", ["completions", "chat"])
-def test_sweep_against_local_servers(tiny_servers, tmp_path, api):
+def test_sweep_against_local_servers(tiny_servers, tmp_path, api, capsys):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("w5 w6 w7 w8\nw10 w11 w12\nw100 w200 w300 w400 w500\n")
     output, max_tokens, per_stream = tmp_path / "bench.json", 24, 2
@@ -89,9 +90,15 @@ def test_sweep_against_local_servers(tiny_servers, tmp_path, api):
             str(prompts),
             "--output",
             str(output),
+            "--plot",
+            str(tmp_path / "bench.png"),
         ]
     )
     assert code == 0
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    assert (tmp_path / "bench.png").exists() == has_matplotlib
+    if not has_matplotlib:
+        assert "matplotlib is not installed" in capsys.readouterr().out
     report = json.loads(output.read_text())
     assert [level["concurrency"] for level in report["levels"]] == [1, 4]
     for level in report["levels"]:
