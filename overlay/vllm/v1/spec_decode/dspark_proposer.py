@@ -37,7 +37,7 @@ from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
-from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
@@ -105,7 +105,7 @@ class DSparkProposer(EagleProposer):
                 f"({', '.join(_QWEN3_ARCHITECTURES)}); the draft "
                 f"'{self.draft_model_config.model}' declares {architectures}."
             )
-        self._check_target_layers(config)
+        self._validate_draft_config(config)
         window = self._resolve_window(config)
         with (
             set_current_vllm_config(self.vllm_config),
@@ -152,7 +152,7 @@ class DSparkProposer(EagleProposer):
             self.num_speculative_tokens,
         )
 
-    def _check_target_layers(self, config) -> None:
+    def _validate_draft_config(self, config) -> None:
         num_target_layers = self.vllm_config.model_config.get_total_num_hidden_layers()
         layer_ids = qwen3_target_layer_ids(config)
         bad = [i for i in layer_ids if not -1 <= i < num_target_layers]
@@ -165,10 +165,15 @@ class DSparkProposer(EagleProposer):
         block_size = getattr(config, "block_size", None) or getattr(
             config, "dspark_block_size", None
         )
-        if block_size and self.num_speculative_tokens != block_size:
-            logger.warning(
-                "DSpark draft trained with block size %d runs with k=%d; "
-                "acceptance may differ from the trained setting.",
+        if block_size and self.num_speculative_tokens > block_size:
+            raise ValueError(
+                f"num_speculative_tokens={self.num_speculative_tokens} exceeds the "
+                f"DSpark draft's trained block size {block_size}: it never learned "
+                f"to predict that far. Use num_speculative_tokens <= {block_size}."
+            )
+        if block_size and self.num_speculative_tokens < block_size:
+            logger.info(
+                "DSpark draft trained with block size %d drafts k=%d tokens per step.",
                 block_size,
                 self.num_speculative_tokens,
             )
@@ -252,10 +257,25 @@ class DSparkProposer(EagleProposer):
             num_speculative_tokens,
         )
         if self.options.draft_log is not None:
-            self._log_drafts(req_ids, output.token_ids)
+            self._log_drafts(req_ids, next_token_ids[:num_requests], output)
         return output.token_ids
 
-    def _log_drafts(self, req_ids: list[str], token_ids: torch.Tensor) -> None:
+    def _log_drafts(
+        self, req_ids: list[str], anchor_tokens: torch.Tensor, output: DraftOutput
+    ) -> None:
+        rows = zip(
+            req_ids,
+            output.anchors.tolist(),
+            anchor_tokens.tolist(),
+            output.token_ids.tolist(),
+            strict=True,
+        )
         with open(self.options.draft_log, "a") as log:
-            for req_id, drafts in zip(req_ids, token_ids.tolist(), strict=True):
-                log.write(json.dumps({"req_id": req_id, "drafts": drafts}) + "\n")
+            for req_id, anchor, anchor_token, drafts in rows:
+                record = {
+                    "req_id": req_id,
+                    "anchor": anchor,
+                    "anchor_token": anchor_token,
+                    "drafts": drafts,
+                }
+                log.write(json.dumps(record) + "\n")

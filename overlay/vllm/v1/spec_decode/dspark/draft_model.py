@@ -100,6 +100,12 @@ class DSparkDraftModel(nn.Module):
                     yield name, tensor
 
         loaded |= {f"backbone.{n}" for n in self.backbone.load_weights(backbone_weights())}
+        if self.confidence_head is not None and not any(
+            name.startswith("confidence_head.") for name in loaded
+        ):
+            # As upstream: a config that enables the head without shipping its
+            # weights simply has no confidence head.
+            self.confidence_head = None
         missing = sorted(set(dict(self.named_parameters())) - loaded)
         if missing:
             raise ValueError(

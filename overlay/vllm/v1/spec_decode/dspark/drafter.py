@@ -47,6 +47,8 @@ class DraftOutput:
     """``[B, k]`` int64 drafts."""
     confidence: torch.Tensor | None
     """``[B, k]`` float32 acceptance probabilities, when requested."""
+    anchors: torch.Tensor
+    """``[B]`` last valid context position of each request."""
 
 
 class BlockDrafter:
@@ -140,7 +142,7 @@ class BlockDrafter:
         confidence = None
         if with_confidence:
             confidence = self.heads.confidence(confidence_hidden[:, sampled], markov_embeds)
-        return DraftOutput(token_ids=token_ids, confidence=confidence)
+        return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors)
 
     def step(
         self,
