@@ -1,9 +1,11 @@
 """ContextRing: placement, validity, isolation, ragged writes, batch invariance, no host syncs."""
 
 import ast
+import importlib
 import importlib.util
 import inspect
 import random
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -550,3 +552,17 @@ def test_ring_module_source_has_no_host_syncing_calls():
     }
     assert calls & FORBIDDEN_CALLS == set()
     assert "cpu" not in {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+
+
+@pytest.mark.parametrize("module_name", ["ring", "slot_table"])
+def test_modules_need_only_the_standard_library_and_torch(module_name):
+    module = importlib.import_module(f"vllm.v1.spec_decode.dspark.{module_name}")
+    tree = ast.parse(inspect.getsource(module))
+    roots = {
+        alias.name.split(".")[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import)
+        for alias in n.names
+    }
+    roots |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert roots - set(sys.stdlib_module_names) <= {"torch"}
