@@ -493,21 +493,50 @@ class HostSyncRecorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def ring_step():
-    ring = make_ring(num_slots=3, window=4)
-    query_start_loc = torch.tensor([0, 6, 7], dtype=torch.int32)
-    row_to_request = rows_to_requests(query_start_loc, 9)
-    valid = valid_row_mask(query_start_loc, row_to_request, torch.tensor([6, 1]))
-    slots = torch.tensor([1, 0, 2])[row_to_request]
-    ring.invalidate(torch.tensor([1]))
-    ring.write(slots, torch.arange(9), valid, torch.randn(9, 2))
-    return ring.read(torch.tensor([1, 0]), torch.tensor([5, 6]))
+def ring_step_inputs(device: torch.device) -> dict[str, torch.Tensor]:
+    """A ragged step (a 6-row prefill chunk longer than W, a decode row, two padding rows)."""
+    tensors = {
+        "query_start_loc": torch.tensor([0, 6, 7], dtype=torch.int32),
+        "num_valid": torch.tensor([6, 1]),
+        "slots_per_request": torch.tensor([1, 0, 2]),
+        "fresh": torch.tensor([1]),
+        "positions": torch.arange(9),
+        "values": torch.arange(18, dtype=torch.float32).reshape(9, 2),
+        "anchors": torch.tensor([5, 6]),
+    }
+    return {name: tensor.to(device) for name, tensor in tensors.items()}
+
+
+def run_ring_step(ring: ContextRing, t: dict[str, torch.Tensor]):
+    """Everything the proposer does with the ring in one step."""
+    row_to_request = rows_to_requests(t["query_start_loc"], t["positions"].shape[0])
+    valid = valid_row_mask(t["query_start_loc"], row_to_request, t["num_valid"])
+    ring.invalidate(t["fresh"])
+    ring.write(t["slots_per_request"][row_to_request], t["positions"], valid, t["values"])
+    return ring.read(t["slots_per_request"][:2], t["anchors"])
 
 
 def test_write_and_read_do_not_sync_with_the_host():
+    ring, inputs = make_ring(num_slots=3, window=4), ring_step_inputs(CPU)
     with HostSyncRecorder() as recorder:
-        ring_step()
+        run_ring_step(ring, inputs)
     assert recorder.syncs == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_write_and_read_do_not_sync_on_cuda():
+    device = torch.device("cuda")
+    ring = ContextRing(3, 4, (2,), torch.float32, device)
+    inputs = ring_step_inputs(device)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        values, mask = run_ring_step(ring, inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected, expected_mask = run_ring_step(make_ring(3, 4), ring_step_inputs(CPU))
+    assert torch.equal(mask.cpu(), expected_mask)
+    assert torch.equal(values.cpu()[mask.cpu()], expected[expected_mask])
 
 
 @pytest.mark.parametrize(
