@@ -1,25 +1,30 @@
-"""Shorter draft lists shrink the target's verify batch in vLLM's V1 engine (sync scheduling).
+"""Per-request draft lengths shrink the target's verify batch in vLLM's V1 engine (sync scheduling).
 
-A custom proposer returns a different number of drafts per request. The test checks, on a real
-CPU engine, that the scheduler schedules exactly `1 + len(drafts)` rows per decoding request, that
-the target model's forward runs on exactly that many rows, and that greedy output is unchanged.
-This is the path that confidence scheduling relies on; CPU vLLM always schedules synchronously.
+Custom proposers choose a different number of drafts per request, either by returning shorter
+lists (plain vLLM) or through `take_draft_token_lengths()` (the runner patch DSpark uses). On a
+real CPU engine the tests check that the scheduler schedules exactly `1 + length` rows per decoding
+request, that the target's forward runs on exactly those rows, that vLLM's spec-decode counters
+count the scheduled drafts, and that greedy output is unchanged. CPU vLLM always schedules
+synchronously; `test_draft_lengths_scheduler.py` covers async scheduling.
 """
-
-import gc
-import json
 
 import pytest
 import torch
+from tiny_vllm import EngineRun, build_tiny_qwen3, run_engine
+from vllm.v1.outputs import ModelRunnerOutput
 
 pytestmark = pytest.mark.engine
 
 K = 4
-VOCAB = 1000
 
 
-class LastTokenProposer:
-    """Drafts the last sampled token; proposes `last % (K + 1)` drafts, so lengths vary 0..K."""
+def pattern_length(last_token: int) -> int:
+    """0..K, varying across requests and steps."""
+    return last_token % (K + 1)
+
+
+class ShortListProposer:
+    """Returns only the drafts to verify: `pattern_length(last)` copies of the last token."""
 
     def __init__(self, vllm_config) -> None:
         assert vllm_config.speculative_config.num_speculative_tokens == K
@@ -28,115 +33,72 @@ class LastTokenProposer:
         """Nothing to load; vLLM's CPU runner calls this for every drafter."""
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
-        return [[ids[-1]] * (ids[-1] % (K + 1)) if ids else [] for ids in sampled_token_ids]
+        return [[ids[-1]] * pattern_length(ids[-1]) if ids else [] for ids in sampled_token_ids]
+
+
+class LengthSchedulingProposer(ShortListProposer):
+    """Returns all K drafts and reports the lengths apart, as the DSpark proposer does."""
+
+    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None):
+        self._lengths = torch.tensor(
+            [pattern_length(ids[-1]) if ids else 0 for ids in sampled_token_ids], dtype=torch.int32
+        )
+        return [[ids[-1]] * K if ids else [] for ids in sampled_token_ids]
+
+    def take_draft_token_lengths(self) -> torch.Tensor:
+        lengths, self._lengths = self._lengths, None
+        return lengths
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+def tiny_qwen3(tmp_path_factory) -> str:
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
 
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    words = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(VOCAB - 4)]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-    ).save_pretrained(path)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-        tie_word_embeddings=False,
+
+@pytest.fixture(scope="module")
+def plain_outputs(tiny_qwen3) -> list[list[int]]:
+    return run_engine(tiny_qwen3, None).outputs
+
+
+def run_with(model: str, proposer: type) -> EngineRun:
+    return run_engine(
+        model,
+        {
+            "method": "custom_class",
+            "model": f"{__name__}.{proposer.__name__}",
+            "num_speculative_tokens": K,
+        },
     )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    return str(path)
 
 
-def run_engine(model: str, monkeypatch, speculative_config: dict | None):
-    from vllm import LLM, SamplingParams
-
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    llm = LLM(
-        model=model,
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=8,
-        seed=0,
-        enforce_eager=True,
-        disable_log_stats=False,
-        speculative_config=speculative_config,
-    )
-    steps: list[tuple[dict[str, int], dict[str, list[int]]]] = []
-    forward_rows: list[int] = []
-    if speculative_config is not None:
-        core = llm.llm_engine.engine_core.engine_core
-        schedule = core.scheduler.schedule
-
-        def recording_schedule(*args, **kwargs):
-            output = schedule(*args, **kwargs)
-            steps.append(
-                (
-                    dict(output.num_scheduled_tokens),
-                    {r: list(t) for r, t in output.scheduled_spec_decode_tokens.items()},
-                )
-            )
-            return output
-
-        core.scheduler.schedule = recording_schedule
-        model_runner = core.model_executor.driver_worker.worker.model_runner
-        model_runner.model.register_forward_pre_hook(
-            lambda module, args, kwargs: forward_rows.append(kwargs["input_ids"].shape[0]),
-            with_kwargs=True,
-        )
-    prompts = [" ".join(f"w{(7 * p + 3 * i) % 50 + 5}" for i in range(6 + p)) for p in range(4)]
-    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    texts = [out.outputs[0].token_ids for out in llm.generate(prompts, params)]
-    metrics = {m.name: m for m in llm.get_metrics()}
-    del llm
-    gc.collect()
-    return texts, steps, forward_rows, metrics
-
-
-def test_shorter_draft_lists_shrink_the_verify_batch(tiny_qwen3, monkeypatch):
-    plain, _, _, _ = run_engine(tiny_qwen3, monkeypatch, None)
-    speculative_config = {
-        "method": "custom_class",
-        "model": f"{__name__}.LastTokenProposer",
-        "num_speculative_tokens": K,
-    }
-    outputs, steps, forward_rows, metrics = run_engine(
-        tiny_qwen3, monkeypatch, json.loads(json.dumps(speculative_config))
-    )
-    assert outputs == plain  # Verification stays exact whatever the lengths.
-
-    decode_steps = [(tokens, spec) for tokens, spec in steps if spec]
+def assert_verify_rows_follow_the_lengths(run: EngineRun, plain_outputs: list[list[int]]) -> None:
+    assert run.outputs == plain_outputs  # Verification stays exact whatever the lengths.
+    decode_steps = [(tokens, spec) for tokens, spec in run.steps if spec]
     lengths = [len(ids) for _, spec in decode_steps for ids in spec.values()]
     assert set(lengths) > {1, K}, lengths  # The lengths really vary across requests and steps.
     for tokens, spec in decode_steps:
         for req_id, ids in spec.items():
             assert tokens[req_id] == 1 + len(ids)  # One bonus row plus one row per draft.
-    # The target's forward ran on exactly the scheduled rows, far fewer than 1 + K per request.
-    assert forward_rows == [sum(tokens.values()) for tokens, _ in steps if tokens]
+            assert ids == [ids[0]] * pattern_length(ids[0])
+    # The target's forward ran on exactly the scheduled rows, fewer than 1 + K per request.
+    assert run.forward_rows == [sum(tokens.values()) for tokens, _ in run.steps if tokens]
     shrunk_rows = sum(sum(tokens.values()) for tokens, _ in decode_steps)
-    full_rows = sum(sum(1 + K for _ in tokens) for tokens, _ in decode_steps)
+    full_rows = sum((1 + K) * len(tokens) for tokens, _ in decode_steps)
     assert shrunk_rows < full_rows
-    # vLLM's own spec-decode counters see the scheduled lengths.
-    assert metrics["vllm:spec_decode_num_draft_tokens"].value == sum(lengths)
+    # vLLM's spec-decode counters (Prometheus and logs) count the scheduled drafts.
+    assert run.metrics["vllm:spec_decode_num_draft_tokens"].value == sum(lengths)
     print(f"verify rows: {shrunk_rows} scheduled vs {full_rows} at full k={K}")
+
+
+def test_shorter_draft_lists_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
+    """Plain vLLM: the scheduler schedules as many rows as it receives drafts."""
+    assert_verify_rows_follow_the_lengths(run_with(tiny_qwen3, ShortListProposer), plain_outputs)
+
+
+def test_reported_lengths_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
+    """Patched vLLM: the runner cuts the drafts to `take_draft_token_lengths()`."""
+    assert "draft_token_lengths" in ModelRunnerOutput.__dataclass_fields__, (
+        "vLLM lacks patches/vllm-<version>/*-draft-token-lengths.patch; run install.py"
+    )
+    run = run_with(tiny_qwen3, LengthSchedulingProposer)
+    assert_verify_rows_follow_the_lengths(run, plain_outputs)
