@@ -82,9 +82,7 @@ def drive(scheduler: AsyncScheduler, report_lengths: bool):
                 continue
         done_step, done = queue.popleft()
         req_ids = list(done.num_scheduled_tokens)
-        sampled = [
-            [7] * (1 + len(done.scheduled_spec_decode_tokens.get(r, ()))) for r in req_ids
-        ]
+        sampled = [[7] * (1 + len(done.scheduled_spec_decode_tokens.get(r, ()))) for r in req_ids]
         lengths = [(done_step + i) % (K + 1) for i in range(len(req_ids))]
         runner_output = ModelRunnerOutput(
             req_ids=req_ids,

@@ -26,9 +26,9 @@ different verify shapes and deadlock in collectives). Two layers make the length
 1. These functions are pure: the result depends only on `(conf, config, k)`. Survival is a fixed
    left-to-right product of correctly rounded IEEE multiplications, computed per column, so its
    bits do not depend on thread count, batch order, or device kind; the `hardware` ranking is a
-   stable sort over the row-major slot index, so ties go to the lower `(b, j)`; nothing is random
-   and no reduction runs in an unspecified order except one `cumsum` over the sorted survivals,
-   which is deterministic for a given device kind and library build.
+   stable sort over the row-major slot index, so ties go to the lower `(b, j)`; nothing is random,
+   and the only floating-point reduction is one `cumsum` over the sorted survivals, deterministic
+   for a given device kind and library build (the other reductions count integers).
 2. In vLLM's V1 engine the lengths only take effect through the engine-core scheduler: the draft
    lists (sync scheduling) or the reported lengths (async scheduling) are read back from a single
    worker (TP rank 0 of the last pipeline stage) and the scheduler sends the same per-request
