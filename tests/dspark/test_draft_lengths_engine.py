@@ -71,7 +71,10 @@ def run_with(model: str, proposer: type) -> EngineRun:
     )
 
 
-def assert_verify_rows_follow_the_lengths(run: EngineRun, plain_outputs: list[list[int]]) -> None:
+def assert_verify_rows_follow_the_lengths(
+    run: EngineRun, plain_outputs: list[list[int]]
+) -> list[int]:
+    """Checks the rows against the scheduled drafts; returns each verification's draft count."""
     assert run.outputs == plain_outputs  # Verification stays exact whatever the lengths.
     decode_steps = [(tokens, spec) for tokens, spec in run.steps if spec]
     lengths = [len(ids) for _, spec in decode_steps for ids in spec.values()]
@@ -86,8 +89,9 @@ def assert_verify_rows_follow_the_lengths(run: EngineRun, plain_outputs: list[li
     full_rows = sum((1 + K) * len(tokens) for tokens, _ in decode_steps)
     assert shrunk_rows < full_rows
     # vLLM's spec-decode counters (Prometheus and logs) count the scheduled drafts.
-    assert run.metrics["vllm:spec_decode_num_draft_tokens"].value == sum(lengths)
+    assert run.metric("vllm:spec_decode_num_draft_tokens").value == sum(lengths)
     print(f"verify rows: {shrunk_rows} scheduled vs {full_rows} at full k={K}")
+    return lengths
 
 
 def test_shorter_draft_lists_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
@@ -101,4 +105,8 @@ def test_reported_lengths_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
         "vLLM lacks patches/vllm-<version>/*-draft-token-lengths.patch; run install.py"
     )
     run = run_with(tiny_qwen3, LengthSchedulingProposer)
-    assert_verify_rows_follow_the_lengths(run, plain_outputs)
+    lengths = assert_verify_rows_follow_the_lengths(run, plain_outputs)
+    # Patched metrics: how many verifications reached each draft position.
+    per_position = run.counters_by_position("vllm:spec_decode_num_draft_tokens_per_pos")
+    assert per_position == [sum(n > pos for n in lengths) for pos in range(K)]
+    assert per_position[0] > per_position[K - 1] > 0

@@ -61,7 +61,18 @@ class EngineRun:
     """Per scheduled step: tokens per request, and the drafts scheduled for verification."""
     forward_rows: list[int] = field(default_factory=list)
     """Rows of every target forward pass."""
-    metrics: dict = field(default_factory=dict)
+    metrics: list = field(default_factory=list)
+    """`LLM.get_metrics()` at the end of the run."""
+
+    def metric(self, name: str):
+        """The one sample of an unlabelled metric."""
+        (sample,) = [m for m in self.metrics if m.name == name]
+        return sample
+
+    def counters_by_position(self, name: str) -> list[int]:
+        """A counter labelled by draft position, as a list indexed by position."""
+        samples = {int(m.labels["position"]): m.value for m in self.metrics if m.name == name}
+        return [samples[pos] for pos in range(len(samples))]
 
 
 PROMPTS = [" ".join(f"w{(7 * p + 3 * i) % 50 + 5}" for i in range(6 + p)) for p in range(4)]
@@ -100,7 +111,7 @@ def run_engine(model: str, speculative_config: dict | None, max_tokens: int = 48
         )
         params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         run.outputs = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
-        run.metrics = {m.name: m for m in llm.get_metrics()}
+        run.metrics = llm.get_metrics()
         del llm
         gc.collect()
     return run
