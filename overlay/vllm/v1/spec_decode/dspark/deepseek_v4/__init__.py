@@ -1,9 +1,9 @@
-# SPDX-License-Identifier: Apache-2.0
 """DeepSeek-V4-Flash DSpark draft backbone and its strict checkpoint loader."""
 
 from .backbone import DeepSeekV4DSparkBackbone
 from .config import DeepSeekV4DSparkConfig, DSparkConfigError, TensorParallelShard
-from .loader import DSparkCheckpointError, expected_checkpoint_names, load_deepseek_v4_dspark
+from .draft import build_deepseek_v4_draft_model, is_deepseek_v4_dspark, load_deepseek_v4_draft
+from .loader import DSparkCheckpointError, deepseek_v4_draft_weights, expected_backbone_names
 
 __all__ = [
     "DSparkCheckpointError",
@@ -11,6 +11,9 @@ __all__ = [
     "DeepSeekV4DSparkBackbone",
     "DeepSeekV4DSparkConfig",
     "TensorParallelShard",
-    "expected_checkpoint_names",
-    "load_deepseek_v4_dspark",
+    "build_deepseek_v4_draft_model",
+    "deepseek_v4_draft_weights",
+    "expected_backbone_names",
+    "is_deepseek_v4_dspark",
+    "load_deepseek_v4_draft",
 ]

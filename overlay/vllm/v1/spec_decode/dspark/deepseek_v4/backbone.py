@@ -1,15 +1,17 @@
-# SPDX-License-Identifier: Apache-2.0
 """The DeepSeek-V4-Flash DSpark draft (``mtp.0..N-1`` of the target checkpoint) as a backbone."""
 
 import types
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor, nn
+
 from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
 
 from ..backbone import DSparkBackbone
 from .config import DeepSeekV4DSparkConfig, TensorParallelShard
 from .layers import AllReduce, DSparkStage
+from .loader import load_backbone_weights
 
 
 def _no_all_reduce(x: Tensor) -> Tensor:
@@ -79,3 +81,7 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
         last = self.stages[-1]
         dense = last.hc_head(streams)
         return last.norm(dense), dense
+
+    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
+        """Strict load of the ``mtp.*`` tensors (see ``loader.py``); returns the filled names."""
+        return load_backbone_weights(self, weights)

@@ -1,4 +1,3 @@
-# SPDX-License-Identifier: Apache-2.0
 """Validated view of the DeepSeek-V4 checkpoint fields the DSpark draft reads.
 
 The checkpoint's ``config.json`` is the only description of the draft, and the reference recipe

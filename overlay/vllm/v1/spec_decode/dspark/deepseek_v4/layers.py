@@ -1,4 +1,3 @@
-# SPDX-License-Identifier: Apache-2.0
 """Torch building blocks of one DeepSeek-V4 DSpark draft stage.
 
 vLLM's DeepSeek-V4 layers read and write paged KV caches through GPU (or vLLM-CPU C++) kernels; the
@@ -15,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
+
 from vllm.model_executor.kernels.mhc.torch import mhc_post_torch, mhc_pre_delayed_torch
 from vllm.model_executor.layers.activation import SiluAndMulWithClamp
 from vllm.model_executor.layers.layernorm import RMSNorm

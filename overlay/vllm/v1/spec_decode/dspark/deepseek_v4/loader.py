@@ -1,4 +1,3 @@
-# SPDX-License-Identifier: Apache-2.0
 """Strict loader for the DeepSeek-V4 DSpark draft stored as ``mtp.{s}.*`` in the target checkpoint.
 
 The reference recipe skipped names it did not recognise, which silently dropped the shared
@@ -11,8 +10,8 @@ Checkpoint name -> backbone parameter (``stages.{s}.`` prefix):
 - ``ffn.experts.{e}.w1``/``w3`` -> ``ffn.experts.w13_weight[e]``; ``w2`` -> ``w2_weight[e]``.
 - ``ffn.gate.bias`` -> ``ffn.gate.e_score_correction_bias``.
 - ``hc_{attn,ffn,head}_{fn,base,scale}`` -> ``hc_{attn,ffn,head}.{fn,base,scale}``.
-- ``markov_head.*`` and ``confidence_head.*`` of the last stage are returned to the caller, whose
-  shared heads own them.
+- ``markov_head.*`` and ``confidence_head.*`` of the last stage are renamed for the shared heads
+  of ``DSparkDraftModel``, which loads (and checks) them.
 
 Quantised tensors: FP8 (e4m3) weights with a ``.scale`` of 128x128 blocks (fp32 or ue8m0) are
 dequantised to the backbone dtype. FP4 (packed e2m1) expert weights are rejected: the torch draft
@@ -20,21 +19,21 @@ path has no FP4 kernel.
 """
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
 from vllm.model_executor.layers.quantization.utils.fp8_utils import _upcast_e8m0_to_fp32
 
-from .backbone import DeepSeekV4DSparkBackbone
 from .config import DeepSeekV4DSparkConfig, TensorParallelShard
 
-HEAD_TENSOR_NAMES = (
-    "markov_head.markov_w1.weight",
-    "markov_head.markov_w2.weight",
-    "confidence_head.proj.weight",
-)
+if TYPE_CHECKING:
+    from .backbone import DeepSeekV4DSparkBackbone
+
+_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 _EXPERT_NAME = re.compile(r"ffn\.experts\.(\d+)\.(w[123])\.weight")
 _FP4_DTYPES = tuple(
@@ -59,8 +58,22 @@ class _Destination:
     unit: int = 1
 
 
-def expected_checkpoint_names(config: DeepSeekV4DSparkConfig) -> list[str]:
-    """Every draft tensor (without ``.scale`` companions) a checkpoint for ``config`` must hold."""
+def deepseek_v4_draft_weights(
+    weights: Iterable[tuple[str, Tensor]], config: DeepSeekV4DSparkConfig
+) -> Iterator[tuple[str, Tensor]]:
+    """The draft's tensors out of the whole target checkpoint: ``mtp.*`` only, with the last
+    stage's ``markov_head.*``/``confidence_head.*`` renamed to the shared heads' names."""
+    last = f"mtp.{config.num_stages - 1}."
+    for name, tensor in weights:
+        if name.startswith(last) and name.removeprefix(last).startswith(_HEAD_PREFIXES):
+            yield name.removeprefix(last), tensor
+        elif name.startswith("mtp."):
+            yield name, tensor
+
+
+def expected_backbone_names(config: DeepSeekV4DSparkConfig) -> list[str]:
+    """Every ``mtp.*`` tensor (``.scale`` companions aside) the backbone of ``config`` needs;
+    the Markov and confidence heads are loaded by the draft model that owns them."""
     per_stage = [
         *(f"attn.{w}.weight" for w in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "q_norm", "kv_norm")),
         "attn.attn_sink",
@@ -76,37 +89,31 @@ def expected_checkpoint_names(config: DeepSeekV4DSparkConfig) -> list[str]:
             for w in ("w1", "w2", "w3")
         ),
     ]
-    last = [
-        "norm.weight",
-        *(f"hc_head_{p}" for p in ("fn", "base", "scale")),
-        *(HEAD_TENSOR_NAMES[:2] if config.dspark_markov_rank > 0 else ()),
-        *(HEAD_TENSOR_NAMES[2:] if config.enable_confidence_head else ()),
-    ]
     names = []
     for stage in range(config.num_stages):
         rest = list(per_stage)
         if stage == 0:
             rest += ["main_proj.weight", "main_norm.weight"]
         if stage == config.num_stages - 1:
-            rest += last
+            rest += ["norm.weight", *(f"hc_head_{p}" for p in ("fn", "base", "scale"))]
         names += [f"mtp.{stage}.{r}" for r in rest]
     return names
 
 
-def load_deepseek_v4_dspark(
-    backbone: DeepSeekV4DSparkBackbone,
+def load_backbone_weights(
+    backbone: "DeepSeekV4DSparkBackbone",
     weights: Iterable[tuple[str, Tensor]],
     *,
     fp8_block: tuple[int, int] = (128, 128),
-) -> dict[str, Tensor]:
-    """Fills every backbone parameter from the ``mtp.*`` tensors of ``weights`` (other names are
-    the target's and ignored). Returns the last stage's head tensors keyed as in
-    ``HEAD_TENSOR_NAMES``. Raises ``DSparkCheckpointError`` naming missing or unknown tensors."""
+) -> set[str]:
+    """Fills every backbone parameter from ``mtp.*`` tensors (as ``deepseek_v4_draft_weights``
+    yields them, heads already taken out) and returns the filled parameter names. Raises
+    ``DSparkCheckpointError`` naming missing or unknown tensors."""
     config = backbone.config
-    draft = {name: tensor for name, tensor in weights if name.startswith("mtp.")}
+    draft = dict(weights)
     _check_stages(draft, config.num_stages)
 
-    expected = expected_checkpoint_names(config)
+    expected = expected_backbone_names(config)
     scales = {
         n for n in draft if n.endswith(".scale") and n.removesuffix(".scale") + ".weight" in draft
     }
@@ -126,16 +133,10 @@ def load_deepseek_v4_dspark(
 
     params = dict(backbone.named_parameters())
     filled: set[str] = set()
-    heads: dict[str, Tensor] = {}
-    last = config.num_stages - 1
     for name in expected:
-        tensor = _dequantize(
-            name, draft[name], draft.get(name.removesuffix(".weight") + ".scale"), fp8_block
-        )
+        scale = draft.get(name.removesuffix(".weight") + ".scale")
+        tensor = _dequantize(name, draft[name], scale, fp8_block)
         stage, rest = _split(name)
-        if stage == last and rest in HEAD_TENSOR_NAMES:
-            heads[rest] = tensor
-            continue
         destination = _destination(config, stage, rest, backbone.shard)
         if destination is None:
             continue  # a routed expert owned by another tensor-parallel rank
@@ -143,9 +144,9 @@ def load_deepseek_v4_dspark(
         filled.add(destination.param)
 
     unfilled = sorted(set(params) - filled)
-    if unfilled:  # a mapping gap in this module, never a user error
+    if unfilled:  # a gap in this module's name mapping, never a user error
         raise AssertionError(f"draft parameters left unloaded: {_show(unfilled)}")
-    return heads
+    return filled
 
 
 def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
