@@ -275,25 +275,21 @@ class Float64Reference:
         )
         return torch.stack([self.kv(s, main_x, position) for s in range(self.num_stages)])
 
-    def stage(self, s: int, streams: Tensor, positions: list[int], context: list[Tensor]) -> Tensor:
-        """streams [n_block, hc, H] of one request."""
-        hc = lambda part, name: self.p(s, f"hc_{part}_{name}")  # noqa: E731
-        pres = [
-            self.mhc_pre(x, hc("attn", "fn"), hc("attn", "base"), hc("attn", "scale"))
-            for x in streams
-        ]
-        u = torch.stack([self.rms(li, self.p(s, "attn_norm.weight")) for li, _, _ in pres])
-        o = self.attention(s, u, positions, context)
-        streams = torch.stack(
-            [self.mhc_post(o[j], streams[j], post, comb) for j, (_, post, comb) in enumerate(pres)]
-        )
-        pres = [
-            self.mhc_pre(x, hc("ffn", "fn"), hc("ffn", "base"), hc("ffn", "scale")) for x in streams
-        ]
-        f = [self.moe(s, self.rms(li, self.p(s, "ffn_norm.weight"))) for li, _, _ in pres]
+    def sublayer(self, s: int, part: str, streams: Tensor, body) -> Tensor:
+        """mHC pre -> RMSNorm -> body -> mHC post over streams [n_block, hc, H]."""
+        weights = [self.p(s, f"hc_{part}_{k}") for k in ("fn", "base", "scale")]
+        mixes = [self.mhc_pre(x, *weights) for x in streams]
+        norm = self.p(s, f"{part}_norm.weight")
+        y = body(torch.stack([self.rms(layer_input, norm) for layer_input, _, _ in mixes]))
         return torch.stack(
-            [self.mhc_post(f[j], streams[j], post, comb) for j, (_, post, comb) in enumerate(pres)]
+            [self.mhc_post(y[j], streams[j], post, comb) for j, (_, post, comb) in enumerate(mixes)]
         )
+
+    def stage(self, s: int, streams: Tensor, positions: list[int], context: list[Tensor]) -> Tensor:
+        streams = self.sublayer(
+            s, "attn", streams, lambda u: self.attention(s, u, positions, context)
+        )
+        return self.sublayer(s, "ffn", streams, lambda u: torch.stack([self.moe(s, x) for x in u]))
 
     def block_hidden(
         self, embeds: Tensor, positions: list[int], context: Tensor
