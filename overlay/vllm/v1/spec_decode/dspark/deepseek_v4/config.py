@@ -97,6 +97,7 @@ class DeepSeekV4DSparkConfig:
                 f"dspark_target_layer_ids must be a list of integers, got {ids!r}"
             )
         values["dspark_target_layer_ids"] = tuple(ids)
+        _check_types(values)
         config = cls(**values)
         config._validate()
         return config
@@ -167,6 +168,15 @@ _FIXED_CHOICES: tuple[tuple[str, tuple[Any, ...], Any], ...] = (
     ("topk_method", ("noaux_tc",), "noaux_tc"),
     ("norm_topk_prob", (True,), True),
 )
+
+
+def _check_types(values: dict[str, Any]) -> None:
+    for field in fields(DeepSeekV4DSparkConfig):
+        value = values.get(field.name, field.default)
+        if field.type is int and type(value) is not int:
+            raise DSparkConfigError(f"{field.name} must be an integer, got {value!r}")
+        if field.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise DSparkConfigError(f"{field.name} must be a number, got {value!r}")
 
 
 def _check_fixed_choices(source: Mapping[str, Any]) -> None:

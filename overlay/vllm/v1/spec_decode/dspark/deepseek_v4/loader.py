@@ -150,7 +150,7 @@ def load_backbone_weights(
 
 
 def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
-    stages = sorted({_split(name)[0] for name in draft})
+    stages = sorted({int(m.group(1)) for m in map(_STAGE_NAME.fullmatch, draft) if m})
     if stages != list(range(len(stages))):
         raise DSparkCheckpointError(
             f"draft stages must be contiguous mtp.0..mtp.N-1, the checkpoint has "
