@@ -14,10 +14,6 @@ from .layers import AllReduce, DSparkStage
 from .loader import load_backbone_weights
 
 
-def _no_all_reduce(x: Tensor) -> Tensor:
-    return x
-
-
 class DeepSeekV4DSparkBackbone(DSparkBackbone):
     """``len(dspark_target_layer_ids)`` chained stages over ``hc_mult`` hyper-connection streams.
 
@@ -31,9 +27,10 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
         *,
         dtype: torch.dtype = torch.bfloat16,
         shard: TensorParallelShard | None = None,
-        all_reduce: AllReduce = _no_all_reduce,
+        all_reduce: AllReduce | None = None,
     ) -> None:
-        """Construct inside ``set_current_vllm_config`` (vLLM's norms and activations need it)."""
+        """Construct inside ``set_current_vllm_config`` (vLLM's norms and activations need it).
+        ``all_reduce`` sums the ranks' partial outputs; None leaves them partial (one rank)."""
         super().__init__()
         self.config = config
         self.shard = shard or TensorParallelShard()
@@ -56,6 +53,7 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
             DSparkStage(config, index, rotary, self.shard, all_reduce, dtype)
             for index in range(config.num_stages)
         )
+        self.requires_grad_(False)
 
     def context_entries(self, target_features: Tensor, positions: Tensor) -> Tensor:
         """[rows, nT*H] -> [rows, num_stages, head_dim]: per stage RoPE(kv_norm(W_kv^s main_x))."""

@@ -7,6 +7,11 @@ import torch
 from torch import Tensor
 from transformers import PretrainedConfig
 
+from vllm.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 
 from .backbone import DeepSeekV4DSparkBackbone
@@ -28,16 +33,23 @@ def build_deepseek_v4_draft_model(
     vocab_size: int,
     dtype: torch.dtype,
     shard: TensorParallelShard | None = None,
-    all_reduce: AllReduce | None = None,
     prefix: str = "dspark",
 ) -> DSparkDraftModel:
     """Validates the config and builds the draft (construct inside ``set_current_vllm_config``).
 
+    ``shard`` defaults to this process's place in vLLM's tensor-parallel group, with vLLM's
+    all-reduce; an explicit shard gets no all-reduce (modules return their partial sums).
     The V4 confidence head reads ``[dense ; W1[prev]]`` (``H + r`` inputs) and has no bias.
     """
     config = DeepSeekV4DSparkConfig.from_hf_config(hf_config)
-    backbone_kwargs = {} if all_reduce is None else {"all_reduce": all_reduce}
-    backbone = DeepSeekV4DSparkBackbone(config, dtype=dtype, shard=shard, **backbone_kwargs)
+    all_reduce: AllReduce | None = None
+    if shard is None:
+        shard = TensorParallelShard(
+            get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
+        )
+        if shard.size > 1:
+            all_reduce = tensor_model_parallel_all_reduce
+    backbone = DeepSeekV4DSparkBackbone(config, dtype=dtype, shard=shard, all_reduce=all_reduce)
     heads_config = types.SimpleNamespace(
         enable_confidence_head=config.enable_confidence_head, confidence_head_with_markov=True
     )

@@ -252,7 +252,7 @@ class DSparkStage(nn.Module):
         index: int,
         rotary: DeepseekV4ScalingRotaryEmbedding,
         shard: TensorParallelShard,
-        all_reduce: AllReduce,
+        all_reduce: AllReduce | None,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
@@ -271,6 +271,9 @@ class DSparkStage(nn.Module):
             self.hc_head = HyperConnectionHead(config)
             self.norm = RMSNorm(hidden, eps=eps, dtype=dtype)
 
+    def reduce(self, partial: Tensor) -> Tensor:
+        return partial if self.all_reduce is None else self.all_reduce(partial)
+
     def forward(
         self, streams: Tensor, positions: Tensor, context: Tensor, context_mask: Tensor
     ) -> Tensor:
@@ -280,10 +283,10 @@ class DSparkStage(nn.Module):
 
         u, post, comb = self.hc_attn.pre(flat)
         u = self.attn_norm(u).view(batch, block, hidden)
-        o = self.all_reduce(self.attn(u, positions, context, context_mask))
+        o = self.reduce(self.attn(u, positions, context, context_mask))
         flat = self.hc_attn.post(o.reshape(batch * block, hidden), flat, post, comb)
 
         u, post, comb = self.hc_ffn.pre(flat)
-        f = self.all_reduce(self.ffn(self.ffn_norm(u)))
+        f = self.reduce(self.ffn(self.ffn_norm(u)))
         flat = self.hc_ffn.post(f, flat, post, comb)
         return flat.view(batch, block, hc, hidden)
