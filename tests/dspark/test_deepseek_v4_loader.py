@@ -247,8 +247,13 @@ def test_missing_config_field_is_named():
         DeepSeekV4DSparkConfig.from_hf_config(config)
 
 
-def test_valid_config_including_the_embedding_tap():
-    config = draft_config(dspark_target_layer_ids=[-1, 0, 3])
+def test_embedding_tap_is_rejected_for_deepseek_v4():
+    with pytest.raises(DSparkConfigError, match=r"-1 \(embedding output\).*cannot tap"):
+        draft_config(dspark_target_layer_ids=[-1, 0, 3])
+
+
+def test_valid_config_and_detection():
+    config = draft_config(dspark_target_layer_ids=[0, 1, 3])
     assert config.num_stages == 3 and config.feature_size == 3 * 64
     assert is_deepseek_v4_dspark(type("C", (), TINY_CONFIG)())
     assert not is_deepseek_v4_dspark(type("C", (), {**TINY_CONFIG, "dspark_block_size": 0})())

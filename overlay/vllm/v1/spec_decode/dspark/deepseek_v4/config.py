@@ -129,6 +129,12 @@ class DeepSeekV4DSparkConfig:
                 f"dspark_target_layer_ids must each be -1 (embedding output) or in "
                 f"[0, {last_layer}], got {list(ids)}",
             ),
+            (
+                -1 not in ids,
+                "dspark_target_layer_ids contains -1 (embedding output), which vLLM's DeepSeek-V4 "
+                "target cannot tap (it exposes features after decoder layers only); list decoder "
+                "layers only",
+            ),
             (self.sliding_window > 0, f"sliding_window must be > 0, got {self.sliding_window}"),
             (
                 0 < self.qk_rope_head_dim <= self.head_dim and self.qk_rope_head_dim % 2 == 0,
