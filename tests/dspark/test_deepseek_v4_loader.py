@@ -158,28 +158,59 @@ def test_fp8_block_scaled_weights_are_dequantised(scale_dtype):
     )
 
 
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def mxfp4_pack(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (sign bit 8, magnitude index 0-7) [rows, cols] -> bytes, even column low."""
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
+
+
+def test_mxfp4_routed_experts_are_dequantised():
+    g = torch.Generator().manual_seed(21)
+    name = "mtp.1.ffn.experts.2.w3.weight"
+    rows, cols = CHECKPOINT[name].shape
+    codes = torch.randint(0, 16, (rows, cols), generator=g)
+    exponents = torch.randint(-8, -2, (rows, cols // 32), generator=g).float()
+    values = E2M1[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    expected = values * torch.exp2(exponents).repeat_interleave(32, -1)
+    weights = {
+        **CHECKPOINT,
+        name: mxfp4_pack(codes).view(torch.int8),
+        name.removesuffix(".weight") + ".scale": torch.exp2(exponents).to(torch.float8_e8m0fnu),
+    }
+    model = build_draft(None)
+    load_deepseek_v4_draft(model, weights.items())
+    w13 = params(model)["backbone.stages.1.ffn.experts.w13_weight"][2]
+    assert torch.equal(w13[INTER:], expected)
+    assert torch.equal(w13[:INTER], CHECKPOINT["mtp.1.ffn.experts.2.w1.weight"])
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"mtp.0.attn.wkv.weight": torch.zeros(32, 64, dtype=torch.float8_e4m3fn)}, "no companion"),
-        ({"mtp.0.attn.wkv.scale": torch.ones(1, 1)}, "not FP8"),
+        (
+            {"mtp.0.attn.wkv.weight": torch.zeros(32, 64, dtype=torch.float8_e4m3fn)},
+            r"mtp\.0\.attn\.wkv\.weight has no companion",
+        ),
+        (
+            {"mtp.0.ffn.experts.0.w1.weight": torch.zeros(32, 32, dtype=torch.int8)},
+            r"mtp\.0\.ffn\.experts\.0\.w1\.weight has no companion",
+        ),
+        ({"mtp.0.attn.wkv.scale": torch.ones(1, 1)}, "neither FP8 nor packed FP4"),
         (
             {
                 "mtp.0.ffn.experts.0.w1.weight": torch.zeros(32, 32, dtype=torch.int8),
-                "mtp.0.ffn.experts.0.w1.scale": torch.ones(32, 2),
+                "mtp.0.ffn.experts.0.w1.scale": torch.ones(32, 1),
             },
-            "packed FP4",
+            "one scale per 32 values",
         ),
     ],
 )
-def test_unsupported_quantisation_fails_clearly(draft, change, message):
+def test_malformed_quantisation_fails_clearly(draft, change, message):
     weights = {**CHECKPOINT, **change}
     with pytest.raises(DSparkCheckpointError, match=message):
-        draft.backbone.load_weights(
-            (k, v)
-            for k, v in deepseek_v4_draft_weights(weights.items(), draft_config())
-            if k.startswith("mtp.")
-        )
+        draft.load_weights(deepseek_v4_draft_weights(weights.items(), draft_config()))
 
 
 def test_tp2_shards_slice_heads_groups_experts_and_shared_expert():

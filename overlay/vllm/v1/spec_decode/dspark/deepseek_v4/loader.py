@@ -13,9 +13,8 @@ Checkpoint name -> backbone parameter (``stages.{s}.`` prefix):
 - ``markov_head.*`` and ``confidence_head.*`` of the last stage are renamed for the shared heads
   of ``DSparkDraftModel``, which loads (and checks) them.
 
-Quantised tensors: FP8 (e4m3) weights with a ``.scale`` of 128x128 blocks (fp32 or ue8m0) are
-dequantised to the backbone dtype. FP4 (packed e2m1) expert weights are rejected: the torch draft
-path has no FP4 kernel.
+Quantised tensors are dequantised to the backbone dtype: FP8 (e4m3) weights with a ``.scale`` of
+128x128 blocks (fp32 or ue8m0), and MXFP4 routed experts (packed e2m1, ue8m0 scale per 32 values).
 """
 
 import re
@@ -27,6 +26,7 @@ import torch
 from torch import Tensor
 
 from vllm.model_executor.layers.quantization.utils.fp8_utils import _upcast_e8m0_to_fp32
+from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import break_fp4_bytes
 
 from .config import DeepSeekV4DSparkConfig, TensorParallelShard
 
@@ -36,9 +36,12 @@ if TYPE_CHECKING:
 _HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 _EXPERT_NAME = re.compile(r"ffn\.experts\.(\d+)\.(w[123])\.weight")
+# Packed FP4 (two e2m1 values per byte, low nibble first) with one ue8m0 scale per 32 values
+# along the input dimension: the MXFP4 layout of DeepSeek-V4-Flash's routed experts.
 _FP4_DTYPES = tuple(
     getattr(torch, name) for name in ("float4_e2m1fn_x2", "int8", "uint8") if hasattr(torch, name)
 )
+MXFP4_GROUP = 32
 _SHOWN_NAMES = 20
 
 
@@ -174,22 +177,29 @@ def _split(name: str) -> tuple[int, str]:
 
 
 def _dequantize(name: str, weight: Tensor, scale: Tensor | None, block: tuple[int, int]) -> Tensor:
+    quantised = weight.dtype == torch.float8_e4m3fn or weight.dtype in _FP4_DTYPES
+    if quantised and scale is None:
+        raise DSparkCheckpointError(f"quantised tensor {name} has no companion .scale tensor")
+    if not quantised:
+        if scale is not None:
+            raise DSparkCheckpointError(
+                f"{name} has a .scale tensor but is neither FP8 nor packed FP4 ({weight.dtype})"
+            )
+        return weight
+    if scale.dtype == torch.float8_e8m0fnu:
+        scale = _upcast_e8m0_to_fp32(scale)
+    scale = scale.float()
     if weight.dtype == torch.float8_e4m3fn:
-        if scale is None:
-            raise DSparkCheckpointError(f"FP8 tensor {name} has no companion .scale tensor")
-        if scale.dtype == torch.float8_e8m0fnu:
-            scale = _upcast_e8m0_to_fp32(scale)
         rows, cols = weight.shape
-        expanded = scale.float().repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
+        expanded = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
         return weight.float() * expanded[:rows, :cols]
-    if weight.dtype in _FP4_DTYPES and scale is not None:
+    values = break_fp4_bytes(weight.view(torch.uint8), torch.float32)
+    if scale.shape != (values.shape[0], values.shape[1] // MXFP4_GROUP):
         raise DSparkCheckpointError(
-            f"{name} is stored as packed FP4; the torch DeepSeek-V4 draft path only handles "
-            "unquantised and FP8 block-scaled weights"
+            f"MXFP4 tensor {name} unpacks to {tuple(values.shape)} but its .scale has shape "
+            f"{tuple(scale.shape)}; expected one scale per {MXFP4_GROUP} values"
         )
-    if scale is not None:
-        raise DSparkCheckpointError(f"{name} has a .scale tensor but is not FP8 ({weight.dtype})")
-    return weight
+    return values * scale.repeat_interleave(MXFP4_GROUP, -1)
 
 
 _RENAMES = {
