@@ -288,3 +288,11 @@ def test_valid_config_and_detection():
     assert config.num_stages == 3 and config.feature_size == 3 * 64
     assert is_deepseek_v4_dspark(type("C", (), TINY_CONFIG)())
     assert not is_deepseek_v4_dspark(type("C", (), {**TINY_CONFIG, "dspark_block_size": 0})())
+
+
+def test_wrong_shape_of_a_sharded_tensor_fails_on_every_rank():
+    bad = {**CHECKPOINT, "mtp.1.attn.wq_b.weight": torch.zeros(3 * 32, 32)}
+    for rank in range(2):
+        model = build_draft(None, shard=TensorParallelShard(rank, 2))
+        with pytest.raises(DSparkCheckpointError, match=r"wq_b\.weight has shape \(96, 32\)"):
+            load_deepseek_v4_draft(model, bad.items())

@@ -41,7 +41,7 @@ _EXPERT_NAME = re.compile(r"ffn\.experts\.(\d+)\.(w[123])\.weight")
 _FP4_DTYPES = tuple(
     getattr(torch, name) for name in ("float4_e2m1fn_x2", "int8", "uint8") if hasattr(torch, name)
 )
-MXFP4_GROUP = 32
+_MXFP4_GROUP = 32
 _SHOWN_NAMES = 20
 
 
@@ -137,12 +137,11 @@ def load_backbone_weights(
     params = dict(backbone.named_parameters())
     filled: set[str] = set()
     for name in expected:
-        scale = draft.get(name.removesuffix(".weight") + ".scale")
-        tensor = _dequantize(name, draft[name], scale, fp8_block)
-        stage, rest = _split(name)
-        destination = _destination(config, stage, rest, backbone.shard)
+        destination = _destination(config, *_split(name), backbone.shard)
         if destination is None:
             continue  # a routed expert owned by another tensor-parallel rank
+        scale = draft.get(name.removesuffix(".weight") + ".scale")
+        tensor = _dequantize(name, draft[name], scale, fp8_block)
         _copy(name, tensor, params[destination.param], destination, backbone.shard)
         filled.add(destination.param)
 
@@ -168,11 +167,9 @@ def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
 
 
 def _split(name: str) -> tuple[int, str]:
+    """``mtp.{s}.{rest}`` -> (s, rest), for names taken from ``expected_backbone_names``."""
     match = _STAGE_NAME.fullmatch(name)
-    if match is None:
-        raise DSparkCheckpointError(
-            f"malformed draft tensor name {name!r} (expected mtp.<stage>.*)"
-        )
+    assert match is not None, name
     return int(match.group(1)), match.group(2)
 
 
@@ -194,17 +191,16 @@ def _dequantize(name: str, weight: Tensor, scale: Tensor | None, block: tuple[in
         expanded = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
         return weight.float() * expanded[:rows, :cols]
     values = break_fp4_bytes(weight.view(torch.uint8), torch.float32)
-    if scale.shape != (values.shape[0], values.shape[1] // MXFP4_GROUP):
+    if scale.shape != (values.shape[0], values.shape[1] // _MXFP4_GROUP):
         raise DSparkCheckpointError(
             f"MXFP4 tensor {name} unpacks to {tuple(values.shape)} but its .scale has shape "
-            f"{tuple(scale.shape)}; expected one scale per {MXFP4_GROUP} values"
+            f"{tuple(scale.shape)}; expected one scale per {_MXFP4_GROUP} values"
         )
-    return values * scale.repeat_interleave(MXFP4_GROUP, -1)
+    return values * scale.repeat_interleave(_MXFP4_GROUP, -1)
 
 
 _RENAMES = {
     "ffn.gate.bias": "ffn.gate.e_score_correction_bias",
-    "ffn.shared_experts.w2.weight": "ffn.shared_experts.down_proj.weight",
     **{
         f"hc_{part}_{p}": f"hc_{part}.{p}"
         for part in ("attn", "ffn", "head")
@@ -271,16 +267,19 @@ def _copy(
     destination: _Destination,
     shard: TensorParallelShard,
 ) -> None:
+    target = param.data[destination.index]
+    full_shape = list(target.shape)
     if destination.shard_dim is not None:
-        start, end = shard.range(destination.shard_units, f"{name} shard units")
+        full_shape[destination.shard_dim] = destination.shard_units * destination.unit
+    if list(tensor.shape) != full_shape:
+        raise DSparkCheckpointError(
+            f"{name} has shape {tuple(tensor.shape)}, the draft expects {tuple(full_shape)} "
+            "(config.json does not match the checkpoint)"
+        )
+    if destination.shard_dim is not None:
+        start, end = shard.range(destination.shard_units, name)
         tensor = tensor.narrow(
             destination.shard_dim, start * destination.unit, (end - start) * destination.unit
-        )
-    target = param.data[destination.index]
-    if tensor.shape != target.shape:
-        raise DSparkCheckpointError(
-            f"{name} has shape {tuple(tensor.shape)}, the draft expects {tuple(target.shape)} "
-            "(config.json does not match the checkpoint)"
         )
     target.copy_(tensor)
 
