@@ -325,8 +325,9 @@ def build_draft(
     checkpoint: dict[str, Tensor] | None,
     config: dict = TINY_CONFIG,
     shard: TensorParallelShard | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> DSparkDraftModel:
-    """A fp32 draft as the proposer builds it (vLLM config set, one-process TP group), loaded
+    """A draft as the proposer builds it (vLLM config set, one-process TP group), loaded
     strictly from ``checkpoint`` unless it is None."""
     with set_current_vllm_config(VllmConfig()):
         if not model_parallel_is_initialized():
@@ -339,13 +340,13 @@ def build_draft(
             )
             initialize_model_parallel(1)
         model = build_deepseek_v4_draft_model(
-            config, vocab_size=config["vocab_size"], dtype=torch.float32, shard=shard
+            config, vocab_size=config["vocab_size"], dtype=dtype, shard=shard
         )
     if checkpoint is not None:
         load_deepseek_v4_draft(model, checkpoint.items())
         # As the proposer does: vLLM's CPU linear layers (the Markov head) finish set-up here.
         model_config = types.SimpleNamespace(
-            dtype=torch.float32, word_embeddings_untied_by_checkpoint=False, quantization=None
+            dtype=dtype, word_embeddings_untied_by_checkpoint=False, quantization=None
         )
         process_weights_after_loading(model, model_config, torch.device("cpu"))
     return model

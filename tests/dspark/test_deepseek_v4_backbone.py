@@ -183,6 +183,27 @@ def test_block_hidden_matches_float64(draft, ref):
         close(confidence_hidden[b], ref_dense)
 
 
+def test_bf16_draft_runs_and_stays_close_to_float64(checkpoint, ref):
+    """The serving dtype: bf16 weights and activations, fp32 mHC, router and softmax."""
+    backbone = build_draft(checkpoint, dtype=torch.bfloat16).backbone
+    g = torch.Generator().manual_seed(14)
+    features = torch.randn(W, STAGES * H, generator=g)
+    entries = backbone.context_entries(features.bfloat16(), torch.arange(W))
+    assert entries.dtype == torch.bfloat16
+    embeds = torch.randn(1, 4, H, generator=g)
+    logit_hidden, _ = backbone.block_hidden(
+        embeds.bfloat16(),
+        torch.arange(W, W + 4)[None],
+        entries[None],
+        torch.arange(W)[None],
+        torch.ones(1, W, dtype=torch.bool),
+    )
+    reference = torch.stack([ref.context_entries(features[p], p) for p in range(W)])
+    ref_logit, _ = ref.block_hidden(embeds[0], list(range(W, W + 4)), reference)
+    error = (logit_hidden[0].double() - ref_logit).norm() / ref_logit.norm()
+    assert logit_hidden.dtype == torch.bfloat16 and error < 0.05
+
+
 def test_markov_chain_and_confidence_match_float64(draft, ref, checkpoint):
     target = TinyTarget(checkpoint)
     draft.share_target(target)
