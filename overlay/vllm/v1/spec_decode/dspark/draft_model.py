@@ -29,7 +29,9 @@ class DSparkDraftModel(nn.Module):
         markov_rank: int,
         vocab_size: int,
         prefix: str = "",
+        confidence_bias: bool = True,
     ) -> None:
+        """``confidence_bias``: Qwen3 DSpark confidence heads carry a bias, DeepSeek-V4's not."""
         super().__init__()
         self.backbone = backbone
         self.markov_head = DSparkMarkovHead(
@@ -42,7 +44,7 @@ class DSparkDraftModel(nn.Module):
             self.confidence_head = DSparkConfidenceHead(
                 backbone.hidden_size + (markov_rank if with_markov else 0),
                 prefix=f"{prefix}.confidence_head",
-                bias=True,
+                bias=confidence_bias,
                 with_markov=with_markov,
             )
         self._target: nn.Module | None = None
