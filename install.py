@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument(
         "--uninstall", action="store_true", help="restore vLLM's original files byte for byte"
     )
-    mode.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    mode.add_argument(
+        "--dry-run", action="store_true", help="print what would change; write nothing"
+    )
     parser.add_argument("--json", action="store_true", help="with --status: print JSON")
     parser.add_argument(
         "--force",

@@ -87,7 +87,10 @@ def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
     for old in record.files if record else ():
         if old.path not in desired:
             desired[old.path] = (old.kind, _undo_bytes(store, old))
-    created_dirs = _created_dirs(tree, record, [path for path, _ in _overlays(desired)])
+    overlay_paths = [
+        path for path, (kind, data) in desired.items() if kind == "overlay" and data is not None
+    ]
+    created_dirs = _created_dirs(tree, record, overlay_paths)
     new_record = Record(tree.version, manifest.digest, tuple(files), created_dirs)
     old_dirs = set(record.created_dirs) if record else set()
     return _plan(tree, store, desired, new_record, created_dirs, old_dirs)
@@ -110,8 +113,10 @@ def plan_uninstall(
         original = _undo_bytes(store, file)
         pin = pins.get(file.path)
         if original is not None:
-            pinned_hash = pin.pre_sha256 if pin else file.pre_sha256
-            problems.extend(filter(None, [_pre_image_problem(tree, file.path, pinned_hash, original)]))
+            problem = _pre_image_problem(
+                tree, file.path, pin.pre_sha256 if pin else file.pre_sha256, original
+            )
+            problems += [problem] if problem else []
         desired[file.path] = (file.kind, original)
     if problems:
         raise Refused(_refusal("cannot uninstall", problems))
@@ -140,9 +145,7 @@ def _plan(
     return Plan(tuple(changes), new_record, new_dirs, stale_dirs)
 
 
-def _pristine(
-    tree: VllmTree, record: Record | None, store: StateStore, path: str
-) -> bytes | None:
+def _pristine(tree: VllmTree, record: Record | None, store: StateStore, path: str) -> bytes | None:
     """The file as vLLM shipped it: the saved original if installed, else what is on disk."""
     recorded = record.file(path) if record else None
     return _undo_bytes(store, recorded) if recorded else tree.read(path)
@@ -152,14 +155,15 @@ def _undo_bytes(store: StateStore, file: RecordedFile) -> bytes | None:
     return store.get_blob(file.pre_sha256) if file.pre_sha256 else None
 
 
-def _pre_image_problem(
-    tree: VllmTree, path: str, expected: str, data: bytes | None
-) -> str | None:
+def _pre_image_problem(tree: VllmTree, path: str, expected: str, data: bytes | None) -> str | None:
     if data is None:
         return f"{path} is missing from this vLLM tree"
     actual = sha256_hex(data)
     if actual != expected:
-        return f"{path} is not the pinned vLLM {tree.version} file: expected sha256 {expected}, found {actual}"
+        return (
+            f"{path} is not the pinned vLLM {tree.version} file: expected sha256 {expected}, "
+            f"found {actual}"
+        )
     return tree.record_mismatch(path, data)
 
 
@@ -194,7 +198,9 @@ def _check_drift(tree: VllmTree, record: Record) -> None:
         )
 
 
-def _created_dirs(tree: VllmTree, record: Record | None, overlay_paths: list[str]) -> tuple[str, ...]:
+def _created_dirs(
+    tree: VllmTree, record: Record | None, overlay_paths: list[str]
+) -> tuple[str, ...]:
     """Directories the overlay needs that vLLM does not ship (kept from the previous install)."""
     previous = set(record.created_dirs) if record else set()
     created = set()
@@ -205,10 +211,6 @@ def _created_dirs(tree: VllmTree, record: Record | None, overlay_paths: list[str
             if str(parent) in previous or not tree.path(str(parent)).exists():
                 created.add(str(parent))
     return tuple(sorted(created))
-
-
-def _overlays(desired: dict[str, tuple[str, bytes | None]]):
-    return [(path, data) for path, (kind, data) in desired.items() if kind == "overlay" and data is not None]
 
 
 REINSTALL_ADVICE = (

@@ -126,7 +126,9 @@ class StateStore:
         try:
             data = (self.blobs / sha256).read_bytes()
         except OSError as error:
-            raise RollbackFailed(f"the saved original {self.blobs / sha256} is lost: {error}")
+            raise RollbackFailed(
+                f"the saved original {self.blobs / sha256} is lost: {error}"
+            ) from error
         if sha256_hex(data) != sha256:
             raise RollbackFailed(f"the saved original {self.blobs / sha256} is corrupt")
         return data
@@ -143,7 +145,8 @@ class StateStore:
             return
         keep = record.blob_hashes()
         for path in list(self.directory.rglob("*")):
-            if path.name.endswith(TEMP_SUFFIX) or (path.parent == self.blobs and path.name not in keep):
+            unused_blob = path.parent == self.blobs and path.name not in keep
+            if unused_blob or path.name.endswith(TEMP_SUFFIX):
                 path.unlink()
 
     @staticmethod

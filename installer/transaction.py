@@ -6,6 +6,7 @@ and remove the journal: that removal is the commit point. Until then the journal
 run restore every file to its previous bytes.
 """
 
+import contextlib
 import py_compile
 
 from installer.errors import InstallerError, RollbackFailed
@@ -115,10 +116,9 @@ def _verify(tree: VllmTree, journal: Journal, side: str) -> None:
 
 
 def _sweep(store: StateStore) -> None:
-    try:
+    # Leftovers in the state directory are harmless and swept by the next run.
+    with contextlib.suppress(OSError):
         store.collect_garbage()
-    except OSError:
-        pass  # leftovers in the state directory are harmless and swept by the next run
 
 
 def _hash(data: bytes | None) -> str | None:

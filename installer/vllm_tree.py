@@ -68,7 +68,7 @@ class VllmTree:
 
 
 def locate(path: Path | None) -> VllmTree:
-    """Resolve `--vllm-path` (site-packages or the vllm package itself; None: this interpreter's)."""
+    """Resolve --vllm-path: site-packages or the vllm package itself; None: this Python's vllm."""
     root = _default_root() if path is None else _root_from_path(path)
     dist_info = _find_dist_info(root)
     source_version = _version_from_source(root / PACKAGE / "_version.py")
