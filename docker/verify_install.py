@@ -10,7 +10,6 @@ The module list comes from the installer's own reader of recipe/pins.yaml, so it
 
 import argparse
 import importlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -83,18 +82,6 @@ def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
             raise VerifyError(f"{name} was imported from {origin}, outside {vllm_dir}")
 
 
-def vllm_dir_for(vllm_path: str | None) -> Path:
-    """The vllm package directory to import from (putting a target tree first on sys.path)."""
-    if vllm_path is not None:
-        package = Path(vllm_path).resolve()
-        sys.path.insert(0, str(package.parent))
-        return package
-    spec = importlib.util.find_spec("vllm")
-    if spec is None or not spec.submodule_search_locations:
-        raise VerifyError(f"{sys.executable} has no vllm package")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-path", help="vllm package directory (default: this Python's)")
@@ -106,7 +93,10 @@ def main() -> int:
         status = install_status(target)
         check_labels(status, args.expect_vllm_version, args.expect_pin_digest)
         modules = overlay_modules()
-        import_from_tree(modules, vllm_dir_for(args.vllm_path))
+        # Import from the tree install.py patched, ahead of any other vllm on sys.path.
+        vllm_dir = Path(status["vllm_path"])
+        sys.path.insert(0, str(vllm_dir.parent))
+        import_from_tree(modules, vllm_dir)
     except VerifyError as error:
         print(f"verify: FAILED: {error}", file=sys.stderr)
         return 1
