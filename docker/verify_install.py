@@ -16,6 +16,13 @@ import sys
 import traceback
 from pathlib import Path, PurePosixPath
 
+from packaging.version import Version
+
+# The project root (/opt/dspark in an image), for the installer package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from installer.errors import InstallerError
+from installer.pins import load as load_pins
+
 PROJECT = Path(__file__).resolve().parent.parent
 
 
@@ -44,7 +51,8 @@ def install_status(target: list[str]) -> dict:
 
 def check_labels(status: dict, vllm_version: str, pin_digest: str) -> None:
     """The labels an image carries must describe what was installed in it."""
-    if vllm_version and status["vllm_version"] != vllm_version:
+    # Compare public versions: a local build may add a suffix such as "+cu130".
+    if vllm_version and Version(status["vllm_version"]).public != vllm_version:
         raise VerifyError(
             f"the image is labelled vLLM {vllm_version} but its base carries vLLM "
             f"{status['vllm_version']}: make VLLM_VERSION match the BASE_IMAGE tag"
@@ -58,11 +66,8 @@ def check_labels(status: dict, vllm_version: str, pin_digest: str) -> None:
 
 def overlay_modules() -> list[str]:
     """Dotted names of the Python modules the overlay adds, e.g. vllm.v1.spec_decode.dspark.ring."""
-    sys.path.insert(0, str(PROJECT))
-    from installer.pins import load
-
     modules = []
-    for path in load(PROJECT).overlay:
+    for path in load_pins(PROJECT).overlay:
         parts = PurePosixPath(path).with_suffix("").parts
         if path.endswith(".py"):
             modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
@@ -84,7 +89,7 @@ def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--vllm-path", help="vllm package directory (default: this Python's)")
+    parser.add_argument("--vllm-path", help="as for install.py (default: this Python's vllm)")
     parser.add_argument("--expect-vllm-version", default="", help="required vLLM version")
     parser.add_argument("--expect-pin-digest", default="", help="required install digest")
     args = parser.parse_args()
@@ -97,7 +102,7 @@ def main() -> int:
         vllm_dir = Path(status["vllm_path"])
         sys.path.insert(0, str(vllm_dir.parent))
         import_from_tree(modules, vllm_dir)
-    except VerifyError as error:
+    except (VerifyError, InstallerError) as error:
         print(f"verify: FAILED: {error}", file=sys.stderr)
         return 1
     print(
