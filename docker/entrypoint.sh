@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Container entrypoint: `vllm serve` with the image's defaults, then the user's own arguments.
 #
-# The user's arguments come last, so any vLLM option they repeat overrides the default. `exec` replaces
-# this shell with vLLM, so `docker stop` (SIGTERM) and Ctrl-C (SIGINT) reach vLLM itself.
-# The bind address comes from DSPARK_HOST/DSPARK_PORT (set in the Dockerfile, overridable with -e), not
-# from --host/--port, because the health check reads the same variables to probe the address vLLM binds.
+# The user's arguments are passed on unchanged. `exec` replaces this shell with vLLM, so
+# `docker stop` (SIGTERM) and Ctrl-C (SIGINT) reach vLLM itself. The bind address comes from
+# DSPARK_HOST/DSPARK_PORT (set in the Dockerfile, overridable with -e), not from --host/--port,
+# because the health check reads the same variables to probe the address vLLM binds.
 set -euo pipefail
 
 usage_error() {
@@ -24,15 +24,18 @@ if (($# == 0)); then
     docker run ... IMAGE deepseek-ai/DeepSeek-V4-Flash-0731 --tensor-parallel-size 2"
 fi
 
+# vLLM's parser accepts unambiguous abbreviations (--por 9000 sets the port), so match prefixes.
 headless=false
 for arg in "$@"; do
-    case $arg in
-        --host | --host=* | --port | --port=*)
-            usage_error "'$arg': set the bind address with -e DSPARK_HOST=... and -e DSPARK_PORT=... instead,
+    option=${arg%%=*}
+    ((${#option} >= 3)) || continue
+    if [[ --host == "$option"* || --port == "$option"* ]]; then
+        usage_error "'$arg': set the bind address with -e DSPARK_HOST=... and -e DSPARK_PORT=... instead,
     so that the health check probes the address vLLM listens on"
-            ;;
-        --headless) headless=true ;;
-    esac
+    fi
+    if [[ --headless == "$option"* ]]; then
+        headless=true
+    fi
 done
 
 # A headless worker starts no API server; the health check reads this marker instead of probing /health.

@@ -77,13 +77,45 @@ def test_bind_address_comes_from_the_environment(fake_vllm):
     assert recorded(tmp_path)["argv"] == ["serve", "--host", "10.0.0.7", "--port", "8888", "model"]
 
 
-@pytest.mark.parametrize("flag", [["--port", "9000"], ["--port=9000"], ["--host", "1.2.3.4"]])
-def test_host_and_port_flags_are_refused_with_the_fix(fake_vllm, flag):
+# Each would move vLLM's bind address away from where the health check probes.
+BIND_FLAGS = [
+    ["--port", "9000"],
+    ["--port=9000"],
+    ["--por", "9000"],
+    ["--host", "10.9.9.9"],
+    ["--hos=10.9.9.9"],
+]
+
+
+@pytest.fixture(scope="module")
+def serve_parser():
+    """The argument parser of the pinned vLLM's `vllm serve`."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("flag", BIND_FLAGS, ids=" ".join)
+def test_bind_flags_are_refused_with_the_fix(fake_vllm, serve_parser, flag):
+    parsed = serve_parser.parse_args(["model", *flag])
+    assert (parsed.host, parsed.port) != (None, 8000), "vLLM would bind elsewhere"
     env, tmp_path = fake_vllm
     result = run_entrypoint(env, "model", *flag)
     assert result.returncode == 2
     assert "DSPARK_PORT" in result.stderr and "health check" in result.stderr
     assert not (tmp_path / "record.json").exists(), "vllm must not start"
+
+
+def test_vllm_parses_the_defaults_and_keeps_user_options(fake_vllm, serve_parser):
+    env, tmp_path = fake_vllm
+    user_args = ["my/model", "--max-num-seqs", "6", "--headless", "--nnodes", "2"]
+    assert run_entrypoint({**env, "DSPARK_PORT": "8888"}, *user_args).returncode == 0
+    argv = recorded(tmp_path)["argv"]
+    assert argv[0] == "serve"
+    parsed = serve_parser.parse_args(argv[1:])
+    assert (parsed.model_tag, parsed.host, parsed.port) == ("my/model", "0.0.0.0", 8888)
+    assert (parsed.max_num_seqs, parsed.headless, parsed.nnodes) == (6, True, 2)
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "80a", ""])
@@ -103,13 +135,15 @@ def test_no_arguments_is_a_usage_error(fake_vllm):
     assert not (tmp_path / "record.json").exists()
 
 
-def test_headless_marker_follows_the_arguments(fake_vllm):
+def test_headless_marker_follows_the_arguments(fake_vllm, serve_parser):
     env, tmp_path = fake_vllm
     marker = tmp_path / "run" / "headless"
-    assert run_entrypoint(env, "model", "--headless").returncode == 0
-    assert marker.exists()
-    assert run_entrypoint(env, "model").returncode == 0
-    assert not marker.exists()
+    for headless in (["--headless"], ["--headl"]):
+        assert serve_parser.parse_args(["model", *headless]).headless
+        assert run_entrypoint(env, "model", *headless).returncode == 0
+        assert marker.exists()
+        assert run_entrypoint(env, "model").returncode == 0
+        assert not marker.exists()
 
 
 def test_exec_hands_signals_to_vllm(fake_vllm):
