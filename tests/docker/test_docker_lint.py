@@ -6,21 +6,31 @@ import pytest
 from dockerfiles import DOCKERFILES, REPO, require_tool
 
 SCRIPT_DIRS = ("docker", "scripts", "launch", ".ci")
+SHELLS = {"sh", "bash", "dash", "ksh"}
+
+
+def interpreter(path) -> str | None:
+    """The program a `#!` line names, seen through `env`: "bash" for `#!/usr/bin/env bash`."""
+    with path.open("rb") as file:
+        first_line = file.readline().decode(errors="replace")
+    if not first_line.startswith("#!"):
+        return None
+    words = first_line[2:].split()
+    if words and words[0].endswith("/env"):
+        words = [word for word in words[1:] if not word.startswith("-")]
+    return words[0].rsplit("/", 1)[-1] if words else None
 
 
 def shell_scripts() -> list:
     """Files under SCRIPT_DIRS that are shell scripts by extension or by shebang."""
-    scripts = []
-    for directory in SCRIPT_DIRS:
-        for path in sorted((REPO / directory).rglob("*")):
-            if not path.is_file() or "__pycache__" in path.parts:
-                continue
-            with path.open("rb") as file:
-                first_line = file.readline()
-            is_shell = first_line.startswith(b"#!") and (b"sh" in first_line.split(b"/")[-1])
-            if path.suffix == ".sh" or is_shell:
-                scripts.append(path)
-    return scripts
+    return [
+        path
+        for directory in SCRIPT_DIRS
+        for path in sorted((REPO / directory).rglob("*"))
+        if path.is_file()
+        and "__pycache__" not in path.parts
+        and (path.suffix == ".sh" or interpreter(path) in SHELLS)
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
@@ -42,3 +52,19 @@ def test_shellcheck_clean(path):
     shellcheck = require_tool("shellcheck")
     result = subprocess.run([shellcheck, str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("first_line", "expected"),
+    [
+        ("#!/usr/bin/env bash\n", "bash"),
+        ("#!/bin/sh -e\n", "sh"),
+        ("#!/usr/bin/env -S bash -eu\n", "bash"),
+        ("#!/usr/bin/env python3\n", "python3"),
+        ("import os\n", None),
+    ],
+)
+def test_interpreter_is_read_from_the_shebang(tmp_path, first_line, expected):
+    script = tmp_path / "script"
+    script.write_text(first_line + "true\n")
+    assert interpreter(script) == expected
