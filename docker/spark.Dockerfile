@@ -70,10 +70,12 @@ COPY patches/ patches/
 COPY docker/install-and-verify.sh docker/verify_install.py docker/entrypoint.sh docker/healthcheck.py docker/
 
 # Patch the image's vLLM and prove it: the image refuses to build unless the install is complete,
-# matches VLLM_VERSION (and PIN_DIGEST if given) and every DSpark module imports.
+# matches VLLM_VERSION (and PIN_DIGEST if given) and every DSpark module imports. The cache and
+# run directories are group-writable for vLLM's non-root mode (--user 2000:0).
 RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
         docker/install-and-verify.sh python3 \
-    && mkdir -p /var/cache/dspark /run/dspark
+    && mkdir -p /var/cache/dspark /run/dspark \
+    && chmod g+w /var/cache/dspark /run/dspark
 
 VOLUME ["/var/cache/dspark"]
 EXPOSE 8000
