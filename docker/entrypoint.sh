@@ -38,7 +38,7 @@ for arg in "$@"; do
     fi
 done
 
-# A headless worker starts no API server; the health check reads this marker instead of probing /health.
+# A headless worker starts no API server: the health check reads this marker instead of /health.
 mkdir -p "$run_dir"
 if $headless; then
     : >"$run_dir/headless"
