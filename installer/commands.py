@@ -6,6 +6,7 @@ tree never goes unnoticed.
 
 import fcntl
 import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -109,7 +110,7 @@ def _pins_if_supported(tree: VllmTree, project: Path) -> pins_module.VersionPins
 def _repair(tree: VllmTree, store: StateStore) -> None:
     repaired = recover(tree, store)
     if repaired:
-        print(repaired)
+        print(repaired, file=sys.stderr)
 
 
 def _print_plan(plan: Plan, tense: str) -> None:

@@ -7,7 +7,6 @@ run restore every file to its previous bytes.
 """
 
 import contextlib
-import py_compile
 
 from installer.errors import InstallerError, RollbackFailed
 from installer.faults import checkpoint
@@ -44,25 +43,30 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
             f"cannot write into the vLLM tree ({_describe(error)}). Run install.py as a user who "
             f"can write to {tree.package_dir}. Nothing was changed."
         ) from error
+    doing = "starting"
     try:
         for change in plan.changes:
+            doing = f"writing {change.path}"
             if change.after is None:
                 remove(tree.path(change.path))
             else:
                 write_atomic(tree.path(change.path), change.after)
             checkpoint(f"{change.path} replaced")
+        doing = "verifying the written files"
         _verify(tree, journal, "after_sha256")
         for change in plan.changes:
             if change.kind != "record" and change.after is not None:
+                doing = f"byte-compiling {change.path}"
                 compile_python(tree.path(change.path))
                 checkpoint(f"{change.path} compiled")
+        doing = "removing directories the previous install created"
         prune_dirs([tree.path(path) for path in plan.stale_dirs])
         checkpoint("stale directories removed")
     except (Exception, KeyboardInterrupt) as error:
         rollback(tree, store, journal)
         raise InstallerError(
-            f"{operation} failed: {_describe(error)}. Every change was rolled back and "
-            f"verified; the vLLM tree is exactly as before."
+            f"{operation} failed while {doing}: {_describe(error)}. Every change was rolled "
+            f"back and verified; the vLLM tree is exactly as before."
         ) from error
     store.remove_journal()
     checkpoint("journal removed")
@@ -90,14 +94,15 @@ def rollback(tree: VllmTree, store: StateStore, journal: Journal) -> None:
                 if current is not None:
                     remove(path)
             elif current is None or sha256_hex(current) != entry.before_sha256:
+                # No byte-compiling here: the stale .pyc no longer matches the source's mtime,
+                # so Python recompiles it on import.
                 write_atomic(path, store.get_blob(entry.before_sha256))
-                compile_python(path)
             checkpoint(f"{entry.path} restored")
         _verify(tree, journal, "before_sha256")
         prune_dirs([tree.path(path) for path in journal.new_dirs])
         store.remove_journal()
         checkpoint("rollback journal removed")
-    except (OSError, VerificationError, py_compile.PyCompileError) as error:
+    except (OSError, VerificationError) as error:
         raise RollbackFailed(
             f"rolling back the {journal.operation} failed: {_describe(error)}. The journal "
             f"{tree.path(JOURNAL)} is kept: fix the cause and run `install.py --status` to retry "
