@@ -4,13 +4,11 @@ import fnmatch
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 from dockerfiles import DOCKERFILES, REPO, read
 from packaging.version import Version
 
-sys.path.insert(0, str(REPO))
 from installer.pins import load as load_pins
 from installer.vllm_tree import locate
 

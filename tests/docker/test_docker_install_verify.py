@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from dockerfiles import DOCKERFILES, REPO, read
 
-sys.path.insert(0, str(REPO))
 from installer.hashing import sha256_hex
 from installer.pins import PatchPin, dump
 from installer.pins import load as load_pins
