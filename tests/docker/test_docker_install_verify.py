@@ -108,6 +108,8 @@ def add_probe_overlay_and_patch(image_root: Path, site: Path, module_body: str) 
     (image_root / patch_path).write_bytes(diff)
 
     pins = load_pins(REPO)
+    shipped_targets = {patch.target for version in pins.versions for patch in version.patches}
+    assert PATCH_TARGET not in shipped_targets, "pick another file for the generated patch"
     pin = PatchPin(
         PATCH_TARGET, patch_path, sha256_hex(original), sha256_hex(parse(diff).apply(original))
     )
@@ -133,8 +135,9 @@ def test_patches_imports_every_overlay_module_and_refuses_later_drift(image_root
     add_probe_overlay_and_patch(image_root, site, "import torch\n\nMARKER = torch.tensor([7])\n")
     result = run_script(image_root, site)
     assert result.returncode == 0, result.stdout + result.stderr
-    # The package's __init__ and its probe module.
-    assert "2 overlay module(s) import" in result.stdout
+    # The shipped overlay's modules, plus the probe package's __init__ and its probe module.
+    shipped = [path for path in load_pins(REPO).overlay if path.endswith(".py")]
+    assert f"{len(shipped) + 2} overlay module(s) import" in result.stdout
     assert (site / PATCH_TARGET).read_bytes().startswith(b"# patched by tests/docker\n")
     assert (site / PROBE_PACKAGE / "probe.py").is_file()
 
