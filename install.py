@@ -5,9 +5,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from installer import commands
-from installer.errors import ExitCode, InstallerError
-from installer.vllm_tree import locate
+try:
+    from installer import commands
+    from installer.errors import ExitCode, InstallerError
+    from installer.vllm_tree import locate
+except ModuleNotFoundError as missing:  # pyyaml or packaging: both are vLLM dependencies
+    sys.exit(
+        f"install.py: error: the Python module {missing.name!r} is missing. Run install.py "
+        f"with the Python of your vLLM environment, or `pip install pyyaml packaging`."
+    )
 
 PROJECT = Path(__file__).resolve().parent
 

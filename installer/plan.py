@@ -38,7 +38,6 @@ class Change:
 @dataclass(frozen=True)
 class Plan:
     changes: tuple[Change, ...]  # in commit order; the record change comes last
-    record: Record | None  # the record once committed
     new_dirs: tuple[str, ...]  # directories the commit creates
     stale_dirs: tuple[str, ...]  # directories of the previous install to remove afterwards
 
@@ -142,7 +141,7 @@ def _plan(
         changes.append(Change(RECORD, "record", record_before, record_after))
     new_dirs = tuple(path for path in created_dirs if not tree.path(path).exists())
     stale_dirs = tuple(sorted(old_dirs - set(created_dirs)))
-    return Plan(tuple(changes), new_record, new_dirs, stale_dirs)
+    return Plan(tuple(changes), new_dirs, stale_dirs)
 
 
 def _pristine(tree: VllmTree, record: Record | None, store: StateStore, path: str) -> bytes | None:
