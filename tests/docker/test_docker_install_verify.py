@@ -60,6 +60,7 @@ def image_root(tmp_path) -> Path:
     for sources, destination in read(DOCKERFILES["spark"]).copies():
         for source in sources:
             origin = REPO / source
+            assert origin.exists(), f"COPY source {source} does not exist: the build would fail"
             target = root / destination
             if origin.is_dir():
                 shutil.copytree(origin, target / origin.name if destination == "./" else target)
