@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"install.py: error: {error}", file=sys.stderr)
         return ExitCode.FAILED
     except KeyboardInterrupt:
-        # A commit in progress has already rolled back (reported above); anything earlier
-        # wrote nothing outside vllm/.dspark-install, which the next run sweeps.
+        # Inside a commit, commit() rolls back and reports an InstallerError instead; outside
+        # one nothing was written beyond vllm/.dspark-install, which the next run sweeps.
         print("install.py: interrupted", file=sys.stderr)
         return ExitCode.FAILED
 
