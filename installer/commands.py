@@ -4,6 +4,7 @@ Every mode except the dry run first repairs what a killed run left behind, so a 
 tree never goes unnoticed.
 """
 
+import dataclasses
 import fcntl
 import os
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from installer import manifest as manifest_module
 from installer import pins as pins_module
-from installer.errors import ExitCode, InstallerError
+from installer.errors import ExitCode, InstallerError, RollbackFailed
 from installer.manifest import Manifest
 from installer.plan import Plan, plan_install, plan_uninstall
 from installer.state import StateStore
@@ -64,14 +65,20 @@ def uninstall(tree: VllmTree, project: Path, force: bool) -> ExitCode:
 
 
 def status(tree: VllmTree, project: Path) -> Status:
+    """Repairs a killed run first when it can; when it cannot (e.g. a read-only tree), the
+    state is "partial" and a note says why."""
     manifest = load_manifest(tree, project)
     store = StateStore(tree.root)
     with tree_lock(tree):
-        if os.access(tree.package_dir, os.W_OK):
+        try:
             _repair(tree, store)
-        return evaluate(
+            failure = ()
+        except RollbackFailed as error:
+            failure = (str(error),)
+        status = evaluate(
             tree, manifest, store.read_record(), interrupted=store.read_journal() is not None
         )
+        return dataclasses.replace(status, notes=status.notes + failure)
 
 
 def load_manifest(tree: VllmTree, project: Path) -> Manifest:
