@@ -179,7 +179,7 @@ class GeneratedProject:
             for number, target in enumerate(patched):
                 original = (tree_root / target).read_bytes()
                 diff = make_diff(target, original, edited_source(original, tag))
-                (directory / f"{number:02d}-{Path(target).stem}.diff").write_bytes(diff)
+                (directory / f"{number:02d}-{Path(target).stem}.patch").write_bytes(diff)
         self.refresh_pins()
 
     def clone(self, root: Path) -> "GeneratedProject":
