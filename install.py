@@ -81,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as error:
         print(f"install.py: error: {error}", file=sys.stderr)
         return ExitCode.FAILED
+    except KeyboardInterrupt:
+        # Inside a commit, commit() rolls back and reports an InstallerError instead; outside
+        # one nothing was written beyond vllm/.dspark-install, which the next run sweeps.
+        print("install.py: interrupted", file=sys.stderr)
+        return ExitCode.FAILED
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from installer.errors import BadTarget, InstallerError, Refused
 
 PINS_FILE = Path("recipe") / "pins.yaml"
 SCHEMA = 1
+PATCH_SUFFIXES = (".patch", ".diff")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -25,7 +26,7 @@ class PinsError(InstallerError):
 @dataclass(frozen=True)
 class PatchPin:
     target: str  # path in the vLLM tree, e.g. "vllm/config/speculative.py"
-    patch: str  # path in the project, e.g. "patches/vllm-0.32.0/speculative.diff"
+    patch: str  # path in the project, e.g. "patches/vllm-0.32.0/config-speculative.patch"
     pre_sha256: str
     post_sha256: str
 
@@ -62,6 +63,13 @@ class Pins:
             f"vLLM {version} is not supported: this project pins vLLM {supported}. Install one of "
             f"those versions, or use a project revision that supports {version}."
         )
+
+
+def patch_files(project: Path, version: str) -> list[Path]:
+    """The patches shipped for `version`: `patches/vllm-<version>/*.patch` (or `*.diff`), in
+    file-name order, which is the order they are listed and applied in."""
+    directory = project / "patches" / f"vllm-{version}"
+    return sorted(path for path in directory.glob("*") if path.suffix in PATCH_SUFFIXES)
 
 
 def load(project: Path) -> Pins:

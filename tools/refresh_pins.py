@@ -2,7 +2,8 @@
 """Rewrite recipe/pins.yaml from the patches and overlay files in this checkout.
 
 For every version listed in recipe/pins.yaml:
-- its patches are all `*.diff` files in `patches/vllm-<version>/`, applied in file-name order
+- its patches are all `*.patch` (or `*.diff`) files in `patches/vllm-<version>/`, applied in
+  file-name order
   (prefix names with numbers to order them); each diff's header names its target file;
 - each target is read from a pristine vLLM tree of that version and must match vLLM's RECORD;
   its sha256 before and after the patch are written as pre_sha256 and post_sha256;
@@ -71,7 +72,7 @@ def _refresh_version(version: str, distributions: list[str], tree: VllmTree) -> 
     store = StateStore(tree.root)
     record = store.read_record()
     patches = []
-    for patch_file in sorted((PROJECT / "patches" / f"vllm-{version}").glob("*.diff")):
+    for patch_file in pins_module.patch_files(PROJECT, version):
         relative = str(patch_file.relative_to(PROJECT))
         try:
             diff = parse(patch_file.read_bytes())

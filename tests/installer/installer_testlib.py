@@ -18,7 +18,7 @@ from installer.state import STATE_DIR, StateStore
 from installer.vllm_tree import VllmTree, locate
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE_033 = REPO / ".cache" / "vllm-0.33.0"
+CACHE_033 = (REPO / ".cache" / "vllm-0.33.0").resolve()
 SETUP_HINT = "run scripts/setup-cpu-env.sh"
 
 # Real vLLM files the generated patches change (present and identical in 0.32.0 and 0.33.0 layouts).
@@ -75,7 +75,7 @@ def record_problems(root: Path) -> list[str]:
     assert tree.dist_info is not None
     problems = []
     for path in sorted(tree.package_dir.rglob("*.py")):
-        relative = path.relative_to(root).as_posix()
+        relative = path.relative_to(tree.root).as_posix()
         expected = tree.dist_info.record.get(relative)
         if expected is None:
             problems.append(f"{relative} is not in RECORD")
@@ -179,7 +179,7 @@ class GeneratedProject:
             for number, target in enumerate(patched):
                 original = (tree_root / target).read_bytes()
                 diff = make_diff(target, original, edited_source(original, tag))
-                (directory / f"{number:02d}-{Path(target).stem}.diff").write_bytes(diff)
+                (directory / f"{number:02d}-{Path(target).stem}.patch").write_bytes(diff)
         self.refresh_pins()
 
     def clone(self, root: Path) -> "GeneratedProject":

@@ -155,3 +155,26 @@ def test_unwritable_directory_mid_commit_rolls_everything_back(
     assert sources(tree) == before
     assert not (tree / JOURNAL).exists()
     assert project.install(tree).returncode == ExitCode.OK, "a later run installs cleanly"
+
+
+def test_repair_that_cannot_write_keeps_the_journal(project: GeneratedProject, tree: Path):
+    """A kill mid-commit, then a tree that refuses writes: install exits 4 (manual repair) and
+    status reports "partial" with the reason; once writable, the next run repairs."""
+    before = sources(tree)
+    assert kill_at(project, tree, 16).returncode == KILLED_EXIT
+    with unwritable(tree / "vllm/config"):
+        result = project.install(tree)
+        status = project.install(tree, "--status", "--json")
+    assert result.returncode == ExitCode.ROLLBACK_FAILED, result.stderr
+    assert "rolling back the install failed" in result.stderr
+    assert "journal" in result.stderr and "is kept" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert status.returncode == ExitCode.PARTIAL
+    report = json.loads(status.stdout)
+    assert report["state"] == "partial"
+    assert any("rolling back the install failed" in note for note in report["notes"])
+    assert (tree / JOURNAL).exists()
+
+    status = project.install(tree, "--status")
+    assert status.returncode == ExitCode.NOT_INSTALLED, status.stdout
+    assert sources(tree) == before

@@ -213,6 +213,8 @@ def test_hand_patched_tree_without_record_is_partial(project: GeneratedProject, 
     assert status.returncode == ExitCode.PARTIAL and "state: partial" in status.stdout
     result = project.install(tree)
     assert_refused(result, ExitCode.REFUSED, f"{SPECULATIVE} is not the pinned vLLM 0.32.0 file")
+    result = project.install(tree, "--uninstall")
+    assert_refused(result, ExitCode.REFUSED, "no install record", SPECULATIVE, "--force-reinstall")
     assert snapshot(tree) == before
 
 

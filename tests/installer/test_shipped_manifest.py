@@ -29,9 +29,9 @@ def test_pins_list_every_shipped_overlay_file_and_patch():
     hint = "run tools/refresh_pins.py to update recipe/pins.yaml"
     assert sorted(pins.overlay) == shipped, hint
     for version in pins.versions:
-        patch_dir = REPO / "patches" / f"vllm-{version.version}"
-        diffs = sorted(str(path.relative_to(REPO)) for path in patch_dir.glob("*.diff"))
-        assert [patch.patch for patch in version.patches] == diffs, hint
+        shipped_patches = pins_module.patch_files(REPO, version.version)
+        listed = [REPO / patch.patch for patch in version.patches]
+        assert listed == shipped_patches, hint
     assert {version.version for version in pins.versions} >= {"0.32.0", "0.33.0"}
 
 
