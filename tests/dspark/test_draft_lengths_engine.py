@@ -11,6 +11,7 @@ synchronously; `test_draft_lengths_scheduler.py` covers async scheduling.
 import pytest
 import torch
 from tiny_vllm import EngineRun, build_tiny_qwen3, run_engine
+
 from vllm.v1.outputs import ModelRunnerOutput
 
 pytestmark = pytest.mark.engine

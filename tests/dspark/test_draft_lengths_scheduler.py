@@ -11,6 +11,7 @@ from collections import deque
 import pytest
 import torch
 from tiny_vllm import build_tiny_qwen3
+
 from vllm import SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler

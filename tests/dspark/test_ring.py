@@ -15,6 +15,7 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
+
 from vllm.v1.spec_decode.dspark import ring as ring_module
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask
 from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment, SlotTable

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from vllm.v1.spec_decode.dspark.scheduling import (
     SCHEDULING_KEYS,
     ConfidenceScheduleConfig,

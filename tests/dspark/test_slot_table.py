@@ -12,6 +12,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+
 from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment, SlotTable
 
 

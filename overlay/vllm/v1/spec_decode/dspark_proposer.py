@@ -36,11 +36,17 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.dspark.deepseek_v4 import (
+    build_deepseek_v4_draft_model,
+    is_deepseek_v4_dspark,
+    load_deepseek_v4_draft,
+)
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
+from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
 from vllm.v1.spec_decode.eagle import EagleProposer
 from vllm.v1.utils import CpuGpuBuffer
@@ -70,6 +76,12 @@ class DSparkProposer(EagleProposer):
         )
         self.model: DSparkDraftModel | None = None
         self._drafter: BlockDrafter | None = None
+        self._draft_token_lengths: torch.Tensor | None = None
+        if self.speculative_config.draft_sample_method != "greedy":
+            logger.warning(
+                "DSpark drafts are greedy on V1; draft_sample_method=%r has no effect.",
+                self.speculative_config.draft_sample_method,
+            )
 
     # Slot table: the seed's API --------------------------------------------
     @property
@@ -97,40 +109,26 @@ class DSparkProposer(EagleProposer):
 
     # Model ------------------------------------------------------------------
     def load_model(self, target_model: nn.Module) -> None:
-        config = self.draft_model_config.hf_config
-        architectures = getattr(config, "architectures", None) or []
-        if not any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
-            raise ValueError(
-                f"The V1 DSpark proposer supports Qwen3 DSpark drafts "
-                f"({', '.join(_QWEN3_ARCHITECTURES)}); the draft "
-                f"'{self.draft_model_config.model}' declares {architectures}."
-            )
-        self._validate_draft_config(config)
-        window = self._resolve_window(config)
-        with (
-            set_current_vllm_config(self.vllm_config),
-            set_default_torch_dtype(self.draft_model_config.dtype),
-            torch.device(self.device),
-        ):
-            backbone = Qwen3DSparkBackbone(
-                config, window, get_draft_quant_config(self.vllm_config), prefix="dspark"
-            )
-            model = DSparkDraftModel(
-                config,
-                backbone,
-                markov_rank=config.markov_rank,
-                vocab_size=self.vllm_config.model_config.get_vocab_size(),
-                prefix="dspark",
-            )
-        loader = get_model_loader(get_draft_load_config(self.vllm_config))
-        model.load_weights(loader.get_all_weights(self.draft_model_config, model))
+        model = self._build_draft_model()
         process_weights_after_loading(model, self.draft_model_config, self.device)
         model.share_target(target_model)
+        if self.options.scheduling.needs_confidence and model.confidence_head is None:
+            raise ValueError(
+                f"dspark_options.confidence_scheduler="
+                f"{self.options.scheduling.scheduler!r} needs a draft with a "
+                f"confidence head; '{self.draft_model_config.model}' has none."
+            )
         self.model = model
 
+        backbone = model.backbone
+        if self.options.window not in (None, backbone.window):
+            raise ValueError(
+                f"dspark_options.window={self.options.window} conflicts with the "
+                f"draft's own sliding window of {backbone.window}; drop the option."
+            )
         ring = ContextRing(
             num_slots=self._slot_table.capacity + 1,
-            window=window,
+            window=backbone.window,
             entry_shape=backbone.ring_entry_shape,
             dtype=self.draft_model_config.dtype,
             device=self.device,
@@ -141,18 +139,59 @@ class DSparkProposer(EagleProposer):
             ring,
             noise_token_id=self.parallel_drafting_token_id,
             max_position=self.max_model_len - 1,
-            sample_from_anchor=getattr(config, "sample_from_anchor", True),
+            sample_from_anchor=getattr(
+                self.draft_model_config.hf_config, "sample_from_anchor", True
+            ),
         )
         ring_mib = ring.values.numel() * ring.values.element_size() / 2**20
         logger.info(
-            "DSpark V1 proposer: window %d, %d slots, ring %.1f MiB, k=%d.",
-            window,
+            "DSpark V1 proposer: %s, window %d, %d slots, ring %.1f MiB, k=%d.",
+            type(backbone).__name__,
+            backbone.window,
             self._slot_table.capacity,
             ring_mib,
             self.num_speculative_tokens,
         )
 
-    def _validate_draft_config(self, config) -> None:
+    def _build_draft_model(self) -> DSparkDraftModel:
+        """Build the draft of the checkpoint's family and load it strictly."""
+        config = self.draft_model_config.hf_config
+        self._validate_block_size(config)
+        vocab_size = self.vllm_config.model_config.get_vocab_size()
+        dtype = self.draft_model_config.dtype
+        loader = get_model_loader(get_draft_load_config(self.vllm_config))
+        with (
+            set_current_vllm_config(self.vllm_config),
+            set_default_torch_dtype(dtype),
+            torch.device(self.device),
+        ):
+            if is_deepseek_v4_dspark(config):
+                model = build_deepseek_v4_draft_model(config, vocab_size=vocab_size, dtype=dtype)
+                load_deepseek_v4_draft(
+                    model, loader.get_all_weights(self.draft_model_config, model)
+                )
+                return model
+            architectures = getattr(config, "architectures", None) or []
+            if not any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
+                raise ValueError(
+                    f"The V1 DSpark proposer supports DeepSeek-V4 DSpark checkpoints and "
+                    f"Qwen3 DSpark drafts ({', '.join(_QWEN3_ARCHITECTURES)}); the draft "
+                    f"'{self.draft_model_config.model}' declares {architectures}."
+                )
+            self._validate_target_layers(config)
+            backbone = Qwen3DSparkBackbone(
+                config,
+                self._resolve_window(config),
+                get_draft_quant_config(self.vllm_config),
+                prefix="dspark",
+            )
+            model = DSparkDraftModel(
+                config, backbone, markov_rank=config.markov_rank, vocab_size=vocab_size
+            )
+            model.load_weights(loader.get_all_weights(self.draft_model_config, model))
+            return model
+
+    def _validate_target_layers(self, config) -> None:
         num_target_layers = self.vllm_config.model_config.get_total_num_hidden_layers()
         layer_ids = qwen3_target_layer_ids(config)
         bad = [i for i in layer_ids if not -1 <= i < num_target_layers]
@@ -162,6 +201,8 @@ class DSparkProposer(EagleProposer):
                 f"and within [-1, {num_target_layers - 1}] for this "
                 f"{num_target_layers}-layer target."
             )
+
+    def _validate_block_size(self, config) -> None:
         block_size = getattr(config, "block_size", None) or getattr(
             config, "dspark_block_size", None
         )
@@ -184,11 +225,6 @@ class DSparkProposer(EagleProposer):
         layer_types = getattr(config, "layer_types", None) or []
         sliding = getattr(config, "sliding_window", None)
         if "sliding_attention" in layer_types and sliding:
-            if self.options.window not in (None, sliding):
-                raise ValueError(
-                    f"dspark_options.window={self.options.window} conflicts with the "
-                    f"draft's sliding_window={sliding}; drop the option."
-                )
             return sliding
         return self.options.window or self.max_model_len
 
@@ -255,10 +291,22 @@ class DSparkProposer(EagleProposer):
             num_rejected_tokens_gpu,
             next_token_ids[:num_requests],
             num_speculative_tokens,
+            with_confidence=self.options.scheduling.needs_confidence,
         )
+        if output.confidence is not None:
+            # A fresh tensor each step: the runner may still be copying the last.
+            self._draft_token_lengths = schedule_lengths(
+                output.confidence, self.options.scheduling, num_speculative_tokens
+            )
         if self.options.draft_log is not None:
             self._log_drafts(req_ids, next_token_ids[:num_requests], output)
         return output.token_ids
+
+    def take_draft_token_lengths(self) -> torch.Tensor | None:
+        """Per-request number of drafts to verify, ``[B]`` int32, or None to
+        verify all of them. Read once per step by the runner."""
+        lengths, self._draft_token_lengths = self._draft_token_lengths, None
+        return lengths
 
     def _log_drafts(
         self, req_ids: list[str], anchor_tokens: torch.Tensor, output: DraftOutput

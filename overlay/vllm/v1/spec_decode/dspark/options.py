@@ -7,8 +7,10 @@ Every key is validated when the proposer starts.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from vllm.v1.spec_decode.dspark.scheduling import SCHEDULING_KEYS, ConfidenceScheduleConfig
 
 _PROPOSER_KEYS = ("window", "draft_log")
 
@@ -21,13 +23,16 @@ class DSparkOptions:
     draft_log: str | None = None
     """Debug only: append every step's drafts per request to this JSONL file.
     Costs a device-to-host copy per step."""
+    scheduling: ConfidenceScheduleConfig = field(default_factory=ConfidenceScheduleConfig)
+    """Confidence-scheduled verification (off by default)."""
 
     @classmethod
     def from_dict(cls, options: Mapping[str, Any]) -> "DSparkOptions":
-        unknown = sorted(set(options) - set(_PROPOSER_KEYS))
+        known = (*_PROPOSER_KEYS, *SCHEDULING_KEYS)
+        unknown = sorted(set(options) - set(known))
         if unknown:
             raise ValueError(
-                f"Unknown dspark_options key(s) {unknown}; supported keys: {list(_PROPOSER_KEYS)}."
+                f"Unknown dspark_options key(s) {unknown}; supported keys: {list(known)}."
             )
         window = options.get("window")
         if window is not None and (
@@ -37,4 +42,8 @@ class DSparkOptions:
         draft_log = options.get("draft_log")
         if draft_log is not None and not (isinstance(draft_log, str) and draft_log):
             raise ValueError(f"dspark_options.draft_log must be a file path, got {draft_log!r}.")
-        return cls(window=window, draft_log=draft_log)
+        return cls(
+            window=window,
+            draft_log=draft_log,
+            scheduling=ConfidenceScheduleConfig.from_options(options),
+        )
