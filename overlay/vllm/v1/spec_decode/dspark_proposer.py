@@ -186,7 +186,11 @@ class DSparkProposer(EagleProposer):
                 prefix="dspark",
             )
             model = DSparkDraftModel(
-                config, backbone, markov_rank=config.markov_rank, vocab_size=vocab_size
+                config,
+                backbone,
+                markov_rank=config.markov_rank,
+                vocab_size=vocab_size,
+                confidence_head_optional=True,
             )
             model.load_weights(loader.get_all_weights(self.draft_model_config, model))
             return model

@@ -30,9 +30,15 @@ class DSparkDraftModel(nn.Module):
         vocab_size: int,
         prefix: str = "",
         confidence_bias: bool = True,
+        confidence_head_optional: bool = False,
     ) -> None:
-        """``confidence_bias``: Qwen3 DSpark confidence heads carry a bias, DeepSeek-V4's not."""
+        """``confidence_bias``: Qwen3 DSpark confidence heads carry a bias,
+        DeepSeek-V4's not. ``confidence_head_optional``: a checkpoint may enable
+        the head without shipping its weights (upstream accepts such Qwen3
+        drafts and runs them without the head); otherwise its weights are
+        required like any other."""
         super().__init__()
+        self.confidence_head_optional = confidence_head_optional
         self.backbone = backbone
         self.markov_head = DSparkMarkovHead(
             vocab_size, vocab_size, markov_rank, prefix=f"{prefix}.markov_head"
@@ -102,11 +108,11 @@ class DSparkDraftModel(nn.Module):
                     yield name, tensor
 
         loaded |= {f"backbone.{n}" for n in self.backbone.load_weights(backbone_weights())}
-        if self.confidence_head is not None and not any(
-            name.startswith("confidence_head.") for name in loaded
+        if (
+            self.confidence_head_optional
+            and self.confidence_head is not None
+            and not any(name.startswith("confidence_head.") for name in loaded)
         ):
-            # As upstream: a config that enables the head without shipping its
-            # weights simply has no confidence head.
             self.confidence_head = None
         missing = sorted(set(dict(self.named_parameters())) - loaded)
         if missing:

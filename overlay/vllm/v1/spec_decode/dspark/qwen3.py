@@ -13,6 +13,7 @@ Linear layers are vLLM's tensor-parallel ones, so heads and MLP shard like the
 target's and quantized checkpoints load through the usual quant methods.
 """
 
+import collections
 from collections.abc import Iterable
 
 import torch
@@ -42,6 +43,9 @@ _STACKED_PARAMS = (
     ("gate_up_proj", "gate_proj", 0),
     ("gate_up_proj", "up_proj", 1),
 )
+_FUSED_SHARDS: dict[str, set[str | int]] = collections.defaultdict(set)
+for _fused, _, _shard in _STACKED_PARAMS:
+    _FUSED_SHARDS[_fused].add(_shard)
 
 
 def qwen3_target_layer_ids(config: PretrainedConfig) -> list[int]:
@@ -290,32 +294,37 @@ class Qwen3DSparkBackbone(DSparkBackbone):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load checkpoint tensors named as in the file (``layers.0.self_attn.q_proj.weight``)
-        and return the parameter names that were filled. Unknown names are an error:
-        a silently skipped tensor leaves a random draft that only shows up as low
+        and return the parameters that were completely filled (a fused parameter
+        counts only once all its shards arrived). Unknown names are an error: a
+        silently skipped tensor leaves a random draft that only shows up as low
         acceptance."""
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        fused_shards: dict[str, set[str | int]] = collections.defaultdict(set)
         for name, tensor in weights:
-            for fused, original, shard in _STACKED_PARAMS:
-                if f".{original}." in name:
-                    target = name.replace(f".{original}.", f".{fused}.")
-                    param = params.get(target)
-                    if param is None:
-                        break
-                    param.weight_loader(param, tensor, shard)
-                    loaded.add(target)
-                    break
-            else:
-                param = params.get(name)
-                if param is None:
-                    raise ValueError(
-                        f"Unexpected tensor '{name}' in the Qwen3 DSpark checkpoint: "
-                        "it matches no draft parameter. Is this a Qwen3DSparkModel "
-                        "checkpoint for this target?"
-                    )
-                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
-                loaded.add(name)
-                continue
+            param_name, shard = _vllm_param_name(name)
+            param = params.get(param_name)
             if param is None:
-                raise ValueError(f"Unexpected tensor '{name}' in the Qwen3 DSpark checkpoint.")
+                raise ValueError(
+                    f"Unexpected tensor '{name}' in the Qwen3 DSpark checkpoint: it "
+                    "matches no draft parameter. Is this a Qwen3DSparkModel checkpoint "
+                    "for this target?"
+                )
+            if shard is None:
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+                loaded.add(param_name)
+            else:
+                param.weight_loader(param, tensor, shard)
+                fused_shards[param_name].add(shard)
+        for param_name, shards in fused_shards.items():
+            if shards == _FUSED_SHARDS[param_name.split(".")[-2]]:
+                loaded.add(param_name)
         return loaded
+
+
+def _vllm_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+    """The parameter a checkpoint tensor loads into, and its shard if fused."""
+    for fused, original, shard in _STACKED_PARAMS:
+        if f".{original}." in checkpoint_name:
+            return checkpoint_name.replace(f".{original}.", f".{fused}."), shard
+    return checkpoint_name, None
