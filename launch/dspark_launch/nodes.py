@@ -210,7 +210,8 @@ class LocalRank(Rank):
         if self.shell.runner.dry_run:
             return
         env = {**os.environ, **parse_env_file(self.env_path.read_text())}
-        with open(self.log_path, "ab") as log:
+        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(log_fd, "ab") as log:
             self._child = subprocess.Popen(
                 argv,
                 env=env,

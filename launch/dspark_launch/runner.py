@@ -28,12 +28,12 @@ class Result:
 
 
 class Runner:
-    def __init__(self, dry_run: bool = False, out: TextIO = sys.stdout) -> None:
+    def __init__(self, dry_run: bool = False, out: TextIO | None = None) -> None:
         self.dry_run = dry_run
-        self.out = out
+        self._out = out
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        print(text, file=self._out or sys.stdout, flush=True)
 
     def note(self, text: str) -> None:
         """What a dry run would do besides running a command (writes, waits)."""

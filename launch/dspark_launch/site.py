@@ -175,7 +175,7 @@ def load_site(path: Path) -> Site:
         raise ports.error("master", f"must differ from ports.api ({api_port})")
     ports.finish()
     health = top.section("health", required=False)
-    health_timeout_s = health.integer("timeout_s", 10, 86400, default=2400)
+    health_timeout_s = health.integer("timeout_s", 1, 86400, default=2400)
     health_interval_s = health.integer("interval_s", 1, 600, default=15)
     health.finish()
     secrets_section = top.section("secrets", required=False)
