@@ -166,8 +166,10 @@ class Launcher:
             text = self.api.one_token_completion(self.profile.served_model_name)
         except RuntimeError as e:
             raise LaunchError(f"completion failed: {e}") from None
-        self.runner.say(f"    ok: {text!r}; serving {self.profile.served_model_name} at "
-                        f"{self.site.api_bind}:{self.site.api_port}")
+        self.runner.say(
+            f"    ok: {text!r}; serving {self.profile.served_model_name} at "
+            f"{self.site.api_bind}:{self.site.api_port}"
+        )
 
     def _dump_logs(self) -> None:
         for rank in self.ranks.values():

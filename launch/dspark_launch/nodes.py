@@ -7,6 +7,7 @@ through ssh. Both expose the same operations, so the launcher's logic is one cod
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -82,7 +83,9 @@ class Shell:
     def run_script(self, module_file: str, args: list[str]) -> dict:
         """Run one of the stdlib-only probe modules on the node; return its JSON answer."""
         source = Path(module_file).read_text()
-        result = self.run([self.python, "-", *args], stdin=source, stdin_label=Path(module_file).name)
+        result = self.run(
+            [self.python, "-", *args], stdin=source, stdin_label=Path(module_file).name
+        )
         if self.runner.dry_run:
             return {}
         try:
@@ -224,8 +227,10 @@ class LocalRank(Rank):
         _atomic_private_write(self.pid_path, f"{self._child.pid} {stat[1] if stat else '?'}\n")
 
     def stop(self) -> None:
-        self.shell.runner.note(f"stop {self.label}: SIGTERM its process group, SIGKILL after "
-                               f"{STOP_GRACE_S} s, then remove {self.pid_path}")
+        self.shell.runner.note(
+            f"stop {self.label}: SIGTERM its process group, SIGKILL after "
+            f"{STOP_GRACE_S} s, then remove {self.pid_path}"
+        )
         recorded = self._recorded()
         if self.shell.runner.dry_run or recorded is None:
             return
@@ -242,8 +247,9 @@ class LocalRank(Rank):
     def _wait_group_gone(self, pgid: int, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            if self._child is not None:
-                self._child.poll()  # reap our own child so it does not linger as a zombie
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pgid, os.WNOHANG)  # reap the leader if it is our child (a zombie
+                # still counts as a group member); otherwise init reaps it
             try:
                 os.killpg(pgid, 0)
             except ProcessLookupError:
@@ -268,10 +274,8 @@ def _proc_stat(pid: int) -> tuple[str, str] | None:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
 
 
 class ContainerRank(Rank):
@@ -284,9 +288,18 @@ class ContainerRank(Rank):
 
     def install_status(self) -> Result:
         return self.shell.run(
-            ["docker", "run", "--rm", "--entrypoint", "python3", self.image, IMAGE_INSTALL_PY,
-             "--status", "--json"]
-        )  # fmt: skip
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--entrypoint",
+                "python3",
+                self.image,
+                IMAGE_INSTALL_PY,
+                "--status",
+                "--json",
+            ]
+        )
 
     def image_id(self) -> str | None:
         result = self.shell.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.image])
@@ -301,9 +314,14 @@ class ContainerRank(Rank):
 
     def state(self) -> RankState:
         result = self.shell.run(
-            ["docker", "inspect", "--format",
-             "{{.State.Status}} {{.RestartCount}} {{.State.ExitCode}}", self.container]
-        )  # fmt: skip
+            [
+                "docker",
+                "inspect",
+                "--format",
+                "{{.State.Status}} {{.RestartCount}} {{.State.ExitCode}}",
+                self.container,
+            ]
+        )
         if self.shell.runner.dry_run:
             return RankState("absent")
         if result.rc != 0:
@@ -316,17 +334,40 @@ class ContainerRank(Rank):
 
     def start(self, plan: NodePlan) -> None:
         argv = [
-            "docker", "run", "--detach", "--name", self.container,
-            "--label", f"io.github.dspark-vllm.role={self.node.role}",
-            "--network", "host", "--ipc", "host", "--shm-size", "64g",
-            "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-            "--gpus", "all", "--device", "/dev/infiniband",
-            "--restart", "unless-stopped", "--stop-timeout", "10",
-            "--env-file", str(self.env_path),
-            "--volume", f"{self.node.hf_home}:/hf",
-            "--volume", "dspark-cache:/var/cache/dspark",
-            self.image, *plan.serve_args,
-        ]  # fmt: skip
+            "docker",
+            "run",
+            "--detach",
+            "--name",
+            self.container,
+            "--label",
+            f"io.github.dspark-vllm.role={self.node.role}",
+            "--network",
+            "host",
+            "--ipc",
+            "host",
+            "--shm-size",
+            "64g",
+            "--ulimit",
+            "memlock=-1",
+            "--ulimit",
+            "stack=67108864",
+            "--gpus",
+            "all",
+            "--device",
+            "/dev/infiniband",
+            "--restart",
+            "unless-stopped",
+            "--stop-timeout",
+            "10",
+            "--env-file",
+            str(self.env_path),
+            "--volume",
+            f"{self.node.hf_home}:/hf",
+            "--volume",
+            "dspark-cache:/var/cache/dspark",
+            self.image,
+            *plan.serve_args,
+        ]
         result = self.shell.run(argv)
         if result.rc != 0:
             raise LaunchError(f"{self.label}: docker run failed: {result.last_error_line}")

@@ -123,15 +123,15 @@ def resolve_profile_path(name_or_path: str, relative_to: Path) -> Path:
 
 def load_profile(path: Path) -> Profile:
     if not path.is_file():
-        raise ConfigError(f"profile {path} does not exist (see recipe/profiles/ for the shipped ones)")
+        raise ConfigError(
+            f"profile {path} does not exist (see recipe/profiles/ for the shipped ones)"
+        )
     top = Section(read_yaml(path), path)
     top.string("description", required=False)
     model = top.string("model")
     assert model is not None
     is_path = model.startswith("/")
-    revision = top.matching(
-        "revision", r"[0-9a-f]{40}", "a 40-hex commit id", required=not is_path
-    )
+    revision = top.matching("revision", r"[0-9a-f]{40}", "a 40-hex commit id", required=not is_path)
     if is_path and revision is not None:
         raise top.error("revision", "must be omitted when model is a local directory")
     spec = top.section("speculative")
@@ -150,7 +150,9 @@ def load_profile(path: Path) -> Profile:
     for arg in serve_args:
         flag = arg.split("=", 1)[0]
         if flag in MANAGED_FLAGS:
-            raise top.error("serve_args", f"{flag} is set by the launcher from {MANAGED_FLAGS[flag]}")
+            raise top.error(
+                "serve_args", f"{flag} is set by the launcher from {MANAGED_FLAGS[flag]}"
+            )
     env = top.string_map("env")
     for name in env:
         if name in MANAGED_ENV:

@@ -52,18 +52,29 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
     if profile.revision:
         args += ["--revision", profile.revision]
     args += [
-        "--served-model-name", profile.served_model_name,
-        "--tensor-parallel-size", str(profile.tensor_parallel_size),
-        "--pipeline-parallel-size", "1",
-        "--distributed-executor-backend", "mp",
-        "--nnodes", "2",
-        "--node-rank", str(node.rank),
-        "--master-addr", site.head.address,
-        "--master-port", str(site.master_port),
-        "--max-num-seqs", str(profile.max_num_seqs),
-        "--max-model-len", str(profile.max_model_len),
-        "--kv-cache-dtype", profile.kv_cache_dtype,
-    ]  # fmt: skip
+        "--served-model-name",
+        profile.served_model_name,
+        "--tensor-parallel-size",
+        str(profile.tensor_parallel_size),
+        "--pipeline-parallel-size",
+        "1",
+        "--distributed-executor-backend",
+        "mp",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node.rank),
+        "--master-addr",
+        site.head.address,
+        "--master-port",
+        str(site.master_port),
+        "--max-num-seqs",
+        str(profile.max_num_seqs),
+        "--max-model-len",
+        str(profile.max_model_len),
+        "--kv-cache-dtype",
+        profile.kv_cache_dtype,
+    ]
     if profile.dtype:
         args += ["--dtype", profile.dtype]
     speculative = profile.speculative.config_json()

@@ -63,5 +63,7 @@ class Runner:
         except FileNotFoundError:
             raise LaunchError(f"`{argv[0]}` is not installed or not on PATH") from None
         except subprocess.TimeoutExpired:
-            return Result(124, "", f"`{shlex.join(argv[:3])} ...` timed out after {timeout_s:.0f} s")
+            return Result(
+                124, "", f"`{shlex.join(argv[:3])} ...` timed out after {timeout_s:.0f} s"
+            )
         return Result(done.returncode, done.stdout, done.stderr)

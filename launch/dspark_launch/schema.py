@@ -87,9 +87,7 @@ class Section:
             raise self.error(key, f"{value!r} is not {hint}")
         return value
 
-    def integer(
-        self, key: str, minimum: int, maximum: int, default: int | None = None
-    ) -> int:
+    def integer(self, key: str, minimum: int, maximum: int, default: int | None = None) -> int:
         value = self._get(key, default is None)
         if value is None:
             assert default is not None

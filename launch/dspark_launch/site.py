@@ -158,7 +158,9 @@ def load_site(path: Path) -> Site:
     mode = top.choice("mode", MODES)
     image = venv = None
     if mode == "docker":
-        image = top.matching("image", _IMAGE_BY_DIGEST, "an image pinned by digest (NAME@sha256:...)")
+        image = top.matching(
+            "image", _IMAGE_BY_DIGEST, "an image pinned by digest (NAME@sha256:...)"
+        )
         if top.has("venv"):
             raise top.error("venv", "is for local mode; docker mode runs the image's vLLM")
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -100,8 +101,10 @@ class FakeCluster:
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
     def scenario(self, **nodes: dict) -> None:
-        data = {"head": {"image_id": "sha256:img1", "serve_port": self.api_port},
-                "worker": {"image_id": "sha256:img1"}}  # fmt: skip
+        data = {
+            "head": {"image_id": "sha256:img1", "serve_port": self.api_port},
+            "worker": {"image_id": "sha256:img1"},
+        }
         for node, settings in nodes.items():
             data[node] = {**data[node], **settings}
         (self.root / "scenario.json").write_text(json.dumps(data))
@@ -162,7 +165,5 @@ def fake_cluster(tmp_path, monkeypatch) -> FakeCluster:
     yield cluster
     for state in cluster.containers().values():  # API stand-ins a failed test left behind
         if state.get("pid"):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(state["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass

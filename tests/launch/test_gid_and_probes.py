@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from conftest import fake_snapshot
-
 from dspark_launch import gid, node_probe
 from dspark_launch.gid import parse_hca_selector, resolve_gid_index
 
@@ -32,8 +31,12 @@ def _port(sysfs: Path, device: str, port: int, entries: dict[int, tuple[str, str
 def sysfs(tmp_path) -> Path:
     root = tmp_path / "infiniband"
     # 10.10.0.1 = 0a0a:0001: index 0 is RoCE v1, index 3 RoCE v2; another IP at index 1.
-    _port(root, "rocep1s0f0", 1, {0: ("0a0a:0001", "IB/RoCE v1"), 1: ("c0a8:0001", "RoCE v2"),
-                                  3: ("0a0a:0001", "RoCE v2")})  # fmt: skip
+    _port(
+        root,
+        "rocep1s0f0",
+        1,
+        {0: ("0a0a:0001", "IB/RoCE v1"), 1: ("c0a8:0001", "RoCE v2"), 3: ("0a0a:0001", "RoCE v2")},
+    )
     _port(root, "rocep1s0f1", 1, {3: ("0a0a:0001", "RoCE v2"), 5: ("0a0a:0001", "RoCE v2")})
     _port(root, "roceP2p1s0f1", 1, {7: ("0a0a:0001", "RoCE v2")})
     return root
@@ -41,7 +44,11 @@ def sysfs(tmp_path) -> Path:
 
 def test_selector_grammar():
     assert parse_hca_selector("mlx5_0") == (False, False, [("mlx5_0", None)])
-    assert parse_hca_selector("^=mlx5_0:1,mlx5_1") == (True, True, [("mlx5_0", 1), ("mlx5_1", None)])
+    assert parse_hca_selector("^=mlx5_0:1,mlx5_1") == (
+        True,
+        True,
+        [("mlx5_0", 1), ("mlx5_1", None)],
+    )
     for bad in ("", "=", "mlx5_0:x", "mlx5 0", "a,,b"):
         with pytest.raises(ValueError, match="is not an NCCL_IB_HCA selector"):
             parse_hca_selector(bad)
@@ -61,7 +68,7 @@ def test_multi_hca_selector_intersects_the_selected_ports(sysfs):
 
 
 def test_no_usable_gid_is_an_error(sysfs):
-    with pytest.raises(ValueError, match="rocep1s0f0 port 1 has no RoCE v2 GID for 10.10.0.9"):
+    with pytest.raises(ValueError, match=r"rocep1s0f0 port 1 has no RoCE v2 GID for 10\.10\.0\.9"):
         resolve_gid_index("=rocep1s0f0", "10.10.0.9", sysfs)
     with pytest.raises(ValueError, match="no InfiniBand device"):
         resolve_gid_index("mlx5", "10.10.0.1", sysfs)
@@ -90,12 +97,20 @@ def test_gid_probe_runs_standalone(sysfs):
 
 def test_snapshot_probe(tmp_path):
     fake_snapshot(tmp_path, "org/m", "c" * 40)
-    assert _as_remote_script(node_probe.__file__, "snapshot", str(tmp_path), "org/m", "c" * 40)[0] == 0
-    rc, answer = _as_remote_script(node_probe.__file__, "snapshot", str(tmp_path), "org/m", "d" * 40)
+    assert (
+        _as_remote_script(node_probe.__file__, "snapshot", str(tmp_path), "org/m", "c" * 40)[0] == 0
+    )
+    rc, answer = _as_remote_script(
+        node_probe.__file__, "snapshot", str(tmp_path), "org/m", "d" * 40
+    )
     assert rc == 1 and "config.json is missing" in answer["detail"]
     snapshot = next(tmp_path.rglob("snapshots")) / ("c" * 40)
-    index = {"weight_map": {"a": "model-00001-of-00002.safetensors",
-                            "b": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    index = {
+        "weight_map": {
+            "a": "model-00001-of-00002.safetensors",
+            "b": "model-00002-of-00002.safetensors",
+        }
+    }
     (snapshot / "model.safetensors.index.json").write_text(json.dumps(index))
     (snapshot / "model-00001-of-00002.safetensors").write_bytes(b"\0")
     assert node_probe.snapshot_problem(tmp_path, "org/m", "c" * 40) == (

