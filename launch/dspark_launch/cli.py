@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise ConfigError("no site file: pass --site FILE or set DSPARK_SITE")
     site = load_site(args.site)
     profile = load_profile(resolve_profile_path(site.profile, site.path.parent))
-    check_compatible(site, profile.name, profile.nccl_roce, not profile.uses_hub_snapshot)
+    check_compatible(site, profile)
     launcher = Launcher(site, profile, Runner(dry_run=args.dry_run))
     if args.command == "preflight":
         launcher.preflight()

@@ -16,7 +16,7 @@ from dspark_launch.nodes import ContainerRank, LocalRank, Rank, Shell
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node
 from dspark_launch.runner import Runner
-from dspark_launch.site import HEAD, WORKER, Site
+from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40
 
@@ -29,7 +29,7 @@ class Launcher:
         self.ranks = {node.role: self._rank(node) for node in site.nodes}
         self.api = ApiClient(site.probe_host, site.api_port, site.secrets.api_key)
 
-    def _rank(self, node) -> Rank:
+    def _rank(self, node: Node) -> Rank:
         shell = Shell(self.runner, node)
         if self.site.mode == "local":
             assert self.site.venv is not None

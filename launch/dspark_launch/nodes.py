@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def _atomic_private_write(path: Path, text: str) -> None:
         raise
 
 
-class Rank:
+class Rank(ABC):
     """The operations the launcher needs from one rank."""
 
     def __init__(self, shell: Shell) -> None:
@@ -148,23 +149,29 @@ class Rank:
     def label(self) -> str:
         return self.shell.label
 
+    @abstractmethod
     def install_status(self) -> Result:
-        raise NotImplementedError
+        """`install.py --status --json` for the vLLM this rank runs."""
 
     def image_id(self) -> str | None:
+        """The ID of the image the rank runs; None without containers."""
         return None
 
+    @abstractmethod
     def state(self) -> RankState:
-        raise NotImplementedError
+        """Whether the rank runs; "absent" when nothing of it is left."""
 
+    @abstractmethod
     def start(self, plan: NodePlan) -> None:
-        raise NotImplementedError
+        """Start the rank with the env file already shipped to `env_path`."""
 
+    @abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop the rank; raise LaunchError unless it is confirmed gone."""
 
+    @abstractmethod
     def logs(self, lines: int) -> str:
-        raise NotImplementedError
+        """The last `lines` lines of the rank's output."""
 
 
 class LocalRank(Rank):

@@ -63,19 +63,20 @@ class Speculative:
     method: str
     num_speculative_tokens: int
     draft_sample_method: str
+    draft_model: str | None  # None: the target checkpoint carries the DSpark head (DSV4)
 
     def config_json(self) -> str | None:
         """The `--speculative-config` value, serialized (never string-built: no injection)."""
         if self.method == "none":
             return None
-        return json.dumps(
-            {
-                "method": self.method,
-                "num_speculative_tokens": self.num_speculative_tokens,
-                "draft_sample_method": self.draft_sample_method,
-            },
-            separators=(",", ":"),
-        )
+        config = {
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "draft_sample_method": self.draft_sample_method,
+        }
+        if self.draft_model:
+            config["model"] = self.draft_model
+        return json.dumps(config, separators=(",", ":"))
 
     @property
     def tokens_per_step(self) -> int:
@@ -142,6 +143,7 @@ def load_profile(path: Path) -> Profile:
         draft_sample_method=spec.choice(
             "draft_sample_method", DRAFT_SAMPLE_METHODS, default="probabilistic"
         ),
+        draft_model=spec.string("draft_model", required=False),
     )
     if method == "dspark" and not spec.has("num_speculative_tokens"):
         raise spec.error("num_speculative_tokens", "required when method is dspark")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
+from dspark_launch.profile import Profile
 from dspark_launch.schema import Section, read_yaml
 
 MODES = ("docker", "local")
@@ -218,14 +219,15 @@ def load_site(path: Path) -> Site:
     return site
 
 
-def check_compatible(site: Site, profile_name: str, nccl_roce: bool, local_model: bool) -> None:
+def check_compatible(site: Site, profile: Profile) -> None:
     """Cross-file rules: what the profile needs from the site."""
-    if local_model and site.mode == "docker":
+    profile_name = profile.name
+    if not profile.uses_hub_snapshot and site.mode == "docker":
         raise ConfigError(
             f"{site.path}: mode: docker serves hub snapshots from hf_home, but profile "
             f"{profile_name} names a local model directory; use mode: local or a hub model"
         )
-    if not nccl_roce:
+    if not profile.nccl_roce:
         return
     if site.mode == "local":
         raise ConfigError(

@@ -9,6 +9,7 @@ import json
 import os
 import shlex
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,8 @@ def test_speculative_config_and_capture_size_are_derived():
         "num_speculative_tokens": 5,
         "draft_sample_method": "probabilistic",
     }
+    draft = replace(profile.speculative, draft_model="/models/draft", draft_sample_method="greedy")
+    assert json.loads(draft.config_json() or "")["model"] == "/models/draft"
     tiny = load_profile(PROFILES_DIR / "cpu-tiny.yaml")
     assert tiny.speculative.config_json() is None and tiny.cudagraph_capture_size is None
 
