@@ -48,7 +48,10 @@ class Secrets:
     api_key: str | None
 
     def __repr__(self) -> str:  # never print secret values, even in a traceback
-        return f"Secrets(hf_token={'***' if self.hf_token else None}, api_key=...)"
+        def shown(value: str | None) -> str | None:
+            return "***" if value else None
+
+        return f"Secrets(hf_token={shown(self.hf_token)}, api_key={shown(self.api_key)})"
 
 
 @dataclass(frozen=True)

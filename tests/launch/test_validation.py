@@ -9,6 +9,7 @@ import yaml
 from conftest import FAKE_IMAGE, write_profile, write_yaml
 from dspark_launch.errors import ConfigError
 from dspark_launch.profile import PROFILES_DIR, load_profile
+from dspark_launch.site import load_site
 
 
 def _site(tmp_path: Path) -> dict:
@@ -220,3 +221,11 @@ def test_profile_errors_name_the_file(tmp_path):
     path = write_profile(tmp_path / "p.yaml", max_model_len="long")
     with pytest.raises(ConfigError, match=r"p\.yaml: max_model_len: must be an integer"):
         load_profile(path)
+
+
+def test_secrets_never_show_in_a_repr(tmp_path):
+    site = _site(tmp_path)
+    site["secrets"] = {"api_key": "sk-hidden", "hf_token": "hf_hidden"}
+    loaded = load_site(write_yaml(tmp_path / "site.yaml", site))
+    assert loaded.secrets.api_key == "sk-hidden"
+    assert "hidden" not in repr(loaded)
