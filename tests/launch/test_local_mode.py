@@ -9,27 +9,32 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import API_KEY, fake_snapshot, free_port, write_yaml
+import yaml
+from conftest import API_KEY, REPO, fake_snapshot, free_port, write_yaml
+from dspark_launch.profile import PROFILES_DIR
 
 TINY_PROFILE = "cpu-tiny"
 TINY_MODEL = "dspark-tiny/qwen3-target"
 TINY_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
-def _local_site(tmp_path: Path, venv: Path, health_timeout_s: int) -> Path:
+def _local_site(
+    tmp_path: Path, venv: Path, health_timeout_s: int, profile: str = TINY_PROFILE
+) -> Path:
     node = {
         "address": "127.0.0.1",
         "hf_home": str(tmp_path / "hf"),
         "state_dir": str(tmp_path / "run"),
     }
     site = {
-        "profile": TINY_PROFILE,
+        "profile": profile,
         "mode": "local",
         "venv": str(venv),
         "api_bind": "127.0.0.1",
@@ -150,10 +155,46 @@ def _post(url: str, body: dict, api_key: str | None) -> tuple[int, dict]:
         return e.code, {}
 
 
+def _dspark_installed() -> bool:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "install.py"), "--status", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    return done.returncode == 0 and json.loads(done.stdout).get("state") == "installed"
+
+
+def _dspark_profile(tmp_path: Path) -> str:
+    """cpu-tiny with DSpark on: a tiny random DSpark draft beside the target."""
+    from dspark_demo.tiny_models import DSparkDraftSpec, save_dspark_draft
+
+    draft = save_dspark_draft(tmp_path / "draft", DSparkDraftSpec())
+    profile = yaml.safe_load((PROFILES_DIR / f"{TINY_PROFILE}.yaml").read_text())
+    profile["speculative"] = {
+        "method": "dspark",
+        "num_speculative_tokens": 4,
+        "draft_sample_method": "greedy",
+        "draft_model": str(draft),
+    }
+    return str(write_yaml(tmp_path / "cpu-tiny-dspark.yaml", profile))
+
+
+def _spec_decode_drafts(api_port: int) -> float:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"http://127.0.0.1:{api_port}/metrics", timeout=30) as response:
+        metrics = response.read().decode()
+    prefix = "vllm:spec_decode_num_drafts_total{"
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+
 @pytest.mark.engine
-def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatch):
+@pytest.mark.parametrize("speculative", ["none", "dspark"])
+def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatch, speculative):
     """Two real `vllm serve` processes, --nnodes 2 --tensor-parallel-size 2 over gloo on
-    loopback, started, used, refused a second start, and stopped through the launcher."""
+    loopback, started, used, refused a second start, and stopped through the launcher.
+    The DSpark variant needs this interpreter's vLLM patched by install.py."""
+    if speculative == "dspark" and not _dspark_installed():
+        pytest.skip("DSpark is not installed in this vLLM (install.py --status)")
     _tiny_snapshot(tmp_path / "hf")
     shim = _vllm_cli_shim(tmp_path)
     if shim:
@@ -161,7 +202,9 @@ def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatc
             "PYTHONPATH", os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
         )
     venv = Path(sys.executable).parent.parent
-    site = _local_site(tmp_path, venv, health_timeout_s=600)
+    profile = _dspark_profile(tmp_path) if speculative == "dspark" else TINY_PROFILE
+    site = _local_site(tmp_path, venv, health_timeout_s=600, profile=profile)
+    api_port = yaml.safe_load(site.read_text())["ports"]["api"]
     run_dir = tmp_path / "run"
     try:
         started = cli("--site", site, "start")
@@ -169,16 +212,12 @@ def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatc
         assert started.rc == 0, started.out[-3000:] + started.err
         assert "healthy after" in started.out and "==> start worker" in started.out
 
-        api_port = int(
-            next(line for line in started.out.splitlines() if "/health" in line)
-            .split(":")[2]
-            .split("/")[0]
-        )
         url = f"http://127.0.0.1:{api_port}/v1/completions"
         body = {"model": "tiny", "prompt": "w5 w6 w7", "max_tokens": 4, "temperature": 0}
         assert _post(url, body, api_key=None)[0] == 401  # the key from the site file is enforced
         status, answer = _post(url, body, api_key=API_KEY)
         assert status == 200 and answer["usage"]["completion_tokens"] == 4
+        assert (_spec_decode_drafts(api_port) > 0) == (speculative == "dspark")
 
         assert cli("--site", site, "status").rc == 0
         again = cli("--site", site, "start")
