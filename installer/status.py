@@ -104,9 +104,8 @@ def evaluate(
 
 
 def _manifest_files(tree: VllmTree, manifest: Manifest) -> Iterator[FileStatus]:
-    for patched in manifest.patches:
-        pin = patched.pin
-        yield _file_status(tree, pin.target, "patch", pin.post_sha256, pin.pre_sha256)
+    for target, (pristine, installed) in manifest.patched_targets().items():
+        yield _file_status(tree, target, "patch", installed, pristine)
     for overlay in manifest.overlay:
         yield _file_status(tree, overlay.path, "overlay", sha256_hex(overlay.data), None)
 
