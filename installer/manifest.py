@@ -29,6 +29,15 @@ class Manifest:
     overlay: tuple[OverlayFile, ...]
     digest: str
 
+    def patched_targets(self) -> dict[str, tuple[str, str]]:
+        """Each patched file's hash before its first patch and after its last one."""
+        targets: dict[str, tuple[str, str]] = {}
+        for patched in self.patches:
+            pin = patched.pin
+            first_pre = targets[pin.target][0] if pin.target in targets else pin.pre_sha256
+            targets[pin.target] = (first_pre, pin.post_sha256)
+        return targets
+
 
 def build(project: Path, pins: Pins, version_pins: VersionPins) -> Manifest:
     patches = tuple(_read_patch(project, pin) for pin in version_pins.patches)

@@ -35,6 +35,8 @@ class PatchPin:
 class VersionPins:
     version: str
     distributions: tuple[str, ...]  # wheel names that ship these sources
+    # In application order; several patches of one file stack, each pre_sha256 being the
+    # previous one's post_sha256.
     patches: tuple[PatchPin, ...]
 
 
@@ -136,7 +138,7 @@ def _parse_version(name: str, body: object, project: Path) -> VersionPins:
     if not distributions:
         raise ValueError(f"version {name} lists no distributions")
     patches = tuple(_parse_patch(entry, name, project) for entry in body["patches"] or ())
-    _require_unique(tuple(patch.target for patch in patches), f"version {name} patch target")
+    _require_unique(tuple(patch.patch for patch in patches), f"version {name} patch")
     return VersionPins(name, distributions, patches)
 
 

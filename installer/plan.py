@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 
 from installer.errors import Refused
 from installer.hashing import sha256_hex
-from installer.manifest import Manifest
+from installer.manifest import Manifest, PatchedFile
 from installer.pins import VersionPins
 from installer.state import RECORD, Record, RecordedFile, StateStore
 from installer.unified_diff import PatchError
@@ -50,27 +50,10 @@ def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
     desired: dict[str, tuple[str, bytes | None]] = {}
     files: list[RecordedFile] = []
     problems: list[str] = []
-    for patched in manifest.patches:
-        pin = patched.pin
-        pristine = _pristine(tree, record, store, pin.target)
-        problem = _pre_image_problem(tree, pin.target, pin.pre_sha256, pristine)
-        if problem:
-            problems.append(problem)
-            continue
-        assert pristine is not None
-        try:
-            after = patched.diff.apply(pristine)
-        except PatchError as error:
-            problems.append(f"{pin.patch} does not apply to {pin.target}: {error}")
-            continue
-        if sha256_hex(after) != pin.post_sha256:
-            problems.append(
-                f"{pin.patch} applied to {pin.target} gives sha256 {sha256_hex(after)}, "
-                f"but the pin says {pin.post_sha256}"
-            )
-            continue
-        desired[pin.target] = ("patch", after)
-        files.append(RecordedFile(pin.target, "patch", pin.pre_sha256, pin.post_sha256))
+    targets = manifest.patched_targets()
+    for target, patched in _apply_patches(tree, manifest, record, store, problems).items():
+        desired[target] = ("patch", patched)
+        files.append(RecordedFile(target, "patch", targets[target][0], targets[target][1]))
     for overlay in manifest.overlay:
         recorded = record.file(overlay.path) if record else None
         if (recorded is None or recorded.kind != "overlay") and tree.read(overlay.path) is not None:
@@ -105,21 +88,73 @@ def plan_uninstall(
     _check_record_version(tree, record)
     if not force:
         _check_drift(tree, record)
-    pins = {pin.target: pin for pin in version_pins.patches} if version_pins else {}
+    pinned_originals: dict[str, str] = {}  # a file's first patch is pinned to vLLM's original
+    for pin in version_pins.patches if version_pins else ():
+        pinned_originals.setdefault(pin.target, pin.pre_sha256)
     desired: dict[str, tuple[str, bytes | None]] = {}
     problems: list[str] = []
     for file in record.files:
         original = _undo_bytes(store, file)
-        pin = pins.get(file.path)
         if original is not None:
-            problem = _pre_image_problem(
-                tree, file.path, pin.pre_sha256 if pin else file.pre_sha256, original
-            )
+            expected = pinned_originals.get(file.path, file.pre_sha256)
+            problem = _pre_image_problem(tree, file.path, expected, original)
             problems += [problem] if problem else []
         desired[file.path] = (file.kind, original)
     if problems:
         raise Refused(_refusal("cannot uninstall", problems))
     return _plan(tree, store, desired, None, (), set(record.created_dirs))
+
+
+def _apply_patches(
+    tree: VllmTree, manifest: Manifest, record: Record | None, store: StateStore, problems: list
+) -> dict[str, bytes]:
+    """Every patched file's final bytes: a file's first patch applies to vLLM's original, each
+    further one to the previous result. What does not match its pin goes to `problems`."""
+    patched: dict[str, bytes] = {}
+    failed: set[str] = set()
+    for entry in manifest.patches:
+        target = entry.pin.target
+        if target in failed:
+            continue
+        stacked = target in patched
+        before = patched[target] if stacked else _pristine(tree, record, store, target)
+        after, problem = _apply_patch(tree, entry, before, stacked)
+        if problem:
+            problems.append(problem)
+            failed.add(target)
+            patched.pop(target, None)
+        else:
+            assert after is not None
+            patched[target] = after
+    return patched
+
+
+def _apply_patch(
+    tree: VllmTree, entry: PatchedFile, before: bytes | None, stacked: bool
+) -> tuple[bytes | None, str | None]:
+    pin = entry.pin
+    if stacked:
+        actual = sha256_hex(before or b"")
+        if actual != pin.pre_sha256:
+            return None, (
+                f"{pin.patch} expects {pin.target} at sha256 {pin.pre_sha256} after the "
+                f"patches before it, found {actual}"
+            )
+    else:
+        problem = _pre_image_problem(tree, pin.target, pin.pre_sha256, before)
+        if problem:
+            return None, problem
+    assert before is not None
+    try:
+        after = entry.diff.apply(before)
+    except PatchError as error:
+        return None, f"{pin.patch} does not apply to {pin.target}: {error}"
+    if sha256_hex(after) != pin.post_sha256:
+        return None, (
+            f"{pin.patch} applied to {pin.target} gives sha256 {sha256_hex(after)}, but the pin "
+            f"says {pin.post_sha256}"
+        )
+    return after, None
 
 
 def _plan(

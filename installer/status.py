@@ -4,6 +4,7 @@ The digest covers the vLLM version and the current bytes of every file the proje
 two nodes print the same digest exactly when their DSpark-relevant files are identical.
 """
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -11,7 +12,7 @@ from dataclasses import asdict, dataclass
 from installer.errors import ExitCode
 from installer.hashing import sha256_hex
 from installer.manifest import Manifest
-from installer.state import Record
+from installer.state import Record, RecordedFile
 from installer.vllm_tree import VllmTree
 
 INSTALLED = "installed"
@@ -67,11 +68,7 @@ class Status:
 def evaluate(
     tree: VllmTree, manifest: Manifest, record: Record | None, interrupted: bool
 ) -> Status:
-    # What the record says is installed is the reference for its files; the manifest for the rest.
-    files = {
-        file.path: _file_status(tree, file.path, file.kind, file.post_sha256, file.pre_sha256)
-        for file in (record.files if record else ())
-    }
+    files = {file.path: _recorded_status(tree, file) for file in (record.files if record else ())}
     for file in _manifest_files(tree, manifest):
         files.setdefault(file.path, file)
     notes = []
@@ -81,9 +78,10 @@ def evaluate(
         notes.append("an interrupted run left a journal; any install.py run repairs it")
     elif DRIFTED in states:
         state = DRIFTED
+        notes.append("files differ from what was installed; see install.py --uninstall --force")
     elif record is None:
         state = NOT_INSTALLED if states <= {NOT_INSTALLED} else PARTIAL
-    elif record.manifest_digest != manifest.digest or NOT_INSTALLED in states:
+    elif record.manifest_digest != manifest.digest:
         state = PARTIAL
         notes.append("installed by another project revision; run install.py to upgrade")
     else:
@@ -106,16 +104,23 @@ def evaluate(
 
 
 def _manifest_files(tree: VllmTree, manifest: Manifest) -> Iterator[FileStatus]:
-    for patched in manifest.patches:
-        pin = patched.pin
-        yield _file_status(tree, pin.target, "patch", pin.post_sha256, pin.pre_sha256)
+    for target, (pristine, installed) in manifest.patched_targets().items():
+        yield _file_status(tree, target, "patch", installed, pristine)
     for overlay in manifest.overlay:
         yield _file_status(tree, overlay.path, "overlay", sha256_hex(overlay.data), None)
+
+
+def _recorded_status(tree: VllmTree, file: RecordedFile) -> FileStatus:
+    """A recorded file must hold what was installed; anything else is drift, even vLLM's
+    original (e.g. after a pip reinstall over the install)."""
+    status = _file_status(tree, file.path, file.kind, file.post_sha256, None)
+    return status if status.state == INSTALLED else dataclasses.replace(status, state=DRIFTED)
 
 
 def _file_status(
     tree: VllmTree, path: str, kind: str, installed: str, pristine: str | None
 ) -> FileStatus:
+    """`pristine` is vLLM's own hash of the file; None: vLLM has no such file."""
     data = tree.read(path)
     actual = None if data is None else sha256_hex(data)
     if actual == installed:

@@ -29,7 +29,7 @@ from installer import pins as pins_module  # noqa: E402
 from installer.errors import BadTarget, InstallerError  # noqa: E402
 from installer.hashing import sha256_hex  # noqa: E402
 from installer.pins import PatchPin, Pins, VersionPins  # noqa: E402
-from installer.state import StateStore  # noqa: E402
+from installer.state import Record, StateStore  # noqa: E402
 from installer.unified_diff import PatchError, parse  # noqa: E402
 from installer.vllm_tree import VllmTree, locate  # noqa: E402
 
@@ -72,31 +72,45 @@ def _refresh_version(version: str, distributions: list[str], tree: VllmTree) -> 
     store = StateStore(tree.root)
     record = store.read_record()
     patches = []
+    current: dict[str, bytes] = {}  # each patched file after the patches so far
     for patch_file in pins_module.patch_files(PROJECT, version):
         relative = str(patch_file.relative_to(PROJECT))
         try:
             diff = parse(patch_file.read_bytes())
         except PatchError as error:
             raise InstallerError(f"{relative}: {error}") from error
-        recorded = record.file(diff.old_path) if record else None
-        original = store.get_blob(recorded.pre_sha256) if recorded else tree.read(diff.old_path)
-        if original is None:
-            raise InstallerError(f"{relative}: {diff.old_path} does not exist in {tree.root}")
-        if tree.dist_info is None or diff.old_path not in tree.dist_info.record:
-            raise InstallerError(f"{tree.root} has no RECORD entry for {diff.old_path}")
-        mismatch = tree.record_mismatch(diff.old_path, original)
-        if mismatch:
-            raise InstallerError(f"{tree.root} is not pristine: {mismatch}")
         if diff.new_path != diff.old_path:
             raise InstallerError(f"{relative} renames {diff.old_path}; patches must not rename")
+        if diff.old_path in current:
+            original = current[diff.old_path]
+        else:
+            original = _pristine(tree, store, record, diff.old_path, relative)
         try:
             patched = diff.apply(original)
             if diff.old_path.endswith(".py"):
                 compile(patched, diff.old_path, "exec")
         except (PatchError, SyntaxError) as error:
             raise InstallerError(f"{relative} does not apply to vLLM {version}: {error}") from error
+        current[diff.old_path] = patched
         patches.append(PatchPin(diff.old_path, relative, sha256_hex(original), sha256_hex(patched)))
     return VersionPins(version, tuple(distributions), tuple(patches))
+
+
+def _pristine(
+    tree: VllmTree, store: StateStore, record: Record | None, path: str, patch: str
+) -> bytes:
+    """vLLM's original of `path`: the saved one if DSpark is installed, proven by RECORD."""
+    recorded = record.file(path) if record else None
+    saved = recorded.pre_sha256 if recorded else None
+    original = store.get_blob(saved) if saved else tree.read(path)
+    if original is None:
+        raise InstallerError(f"{patch}: {path} does not exist in {tree.root}")
+    if tree.dist_info is None or path not in tree.dist_info.record:
+        raise InstallerError(f"{tree.root} has no RECORD entry for {path}")
+    mismatch = tree.record_mismatch(path, original)
+    if mismatch:
+        raise InstallerError(f"{tree.root} is not pristine: {mismatch}")
+    return original
 
 
 def _tree_for(version: str, trees: dict[str, Path]) -> VllmTree:

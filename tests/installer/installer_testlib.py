@@ -176,9 +176,12 @@ class GeneratedProject:
         for version, tree_root in self.versions.items():
             directory = self.root / "patches" / f"vllm-{version}"
             directory.mkdir(parents=True)
+            current: dict[str, bytes] = {}  # a target listed twice gets a stacked patch
             for number, target in enumerate(patched):
-                original = (tree_root / target).read_bytes()
-                diff = make_diff(target, original, edited_source(original, tag))
+                stacked = target in current
+                before = current[target] if stacked else (tree_root / target).read_bytes()
+                current[target] = edited_source(before, f"{tag}{number}" if stacked else tag)
+                diff = make_diff(target, before, current[target])
                 (directory / f"{number:02d}-{Path(target).stem}.patch").write_bytes(diff)
         self.refresh_pins()
 

@@ -125,3 +125,20 @@ def test_two_nodes_compare_digests(project: GeneratedProject, tree: Path, pristi
     code, status = status_of(project, other)
     assert (code, status["state"]) == (ExitCode.DRIFTED, "drifted")
     assert status["digest"] != status_of(project, tree)[1]["digest"]
+
+
+def test_stacked_patches_of_one_file(version: str, pristine: Path, tree: Path, tmp_path: Path):
+    """Two patches of eagle.py apply in order; the record keeps one entry with vLLM's original
+    hash, and uninstall restores it."""
+    project = GeneratedProject.create(tmp_path / "project", {version: pristine})
+    project.write_revision("s", {}, [EAGLE, SPECULATIVE, EAGLE])
+    original = (pristine / EAGLE).read_bytes()
+
+    assert project.install(tree).returncode == ExitCode.OK
+    assert (tree / EAGLE).read_bytes() == edited_source(edited_source(original, "s"), "s2")
+    code, status = status_of(project, tree)
+    assert (code, status["state"]) == (ExitCode.OK, "installed")
+    assert [file["path"] for file in status["files"]] == [SPECULATIVE, EAGLE]
+
+    assert project.install(tree, "--uninstall").returncode == ExitCode.OK
+    assert sources(tree) == sources(pristine)

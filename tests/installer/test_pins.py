@@ -71,3 +71,16 @@ def test_refresh_refuses_a_modified_tree(pristine_032: Path, tmp_path: Path):
     assert result.returncode != 0
     assert f"is not pristine: {EAGLE} differs from" in result.stderr
     assert (project.root / "recipe" / "pins.yaml").read_text() == before
+
+
+def test_refresh_reads_originals_from_an_installed_tree(pristine_032: Path, tmp_path: Path):
+    """The maintainer's .venv has DSpark installed: refreshing against it must give the same
+    pins as against a pristine tree, because the saved originals are used."""
+    tree = copy_vllm_tree(pristine_032, tmp_path / "site")
+    project = GeneratedProject.create(tmp_path / "project", {"0.32.0": tree})
+    project.write_revision("a", {}, [EAGLE])
+    pins = (project.root / "recipe" / "pins.yaml").read_text()
+    assert project.install(tree).returncode == 0
+
+    project.refresh_pins()
+    assert (project.root / "recipe" / "pins.yaml").read_text() == pins

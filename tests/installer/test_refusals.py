@@ -225,3 +225,13 @@ def test_dry_run_refuses_to_plan_over_an_interrupted_run(project: GeneratedProje
     result = project.install(tree, "--dry-run")
     assert_refused(result, ExitCode.FAILED, "interrupted run left a journal", "--status")
     assert snapshot(tree) == before
+
+
+def test_missing_installed_overlay_file_is_drift(project: GeneratedProject, tree: Path):
+    assert project.install(tree).returncode == ExitCode.OK
+    (tree / next(iter(OVERLAY_A))).unlink()
+    status = project.install(tree, "--status")
+    assert status.returncode == ExitCode.DRIFTED
+    assert f"drifted       overlay {next(iter(OVERLAY_A))}" in status.stdout
+    result = project.install(tree)
+    assert_refused(result, ExitCode.REFUSED, "changed after install", "found missing")
