@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import fake_snapshot
+from launch_testlib import fake_snapshot
+
 from dspark_launch import gid, node_probe
 from dspark_launch.gid import parse_hca_selector, resolve_gid_index
 

@@ -7,7 +7,7 @@ import stat
 from pathlib import Path
 
 import yaml
-from conftest import API_KEY, HF_TOKEN, FakeCluster, write_profile, write_yaml
+from launch_testlib import API_KEY, HF_TOKEN, FakeCluster, write_profile, write_yaml
 
 
 def _all_argv_text(cluster: FakeCluster) -> str:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import API_KEY, REPO, fake_snapshot, free_port, write_yaml
+from launch_testlib import API_KEY, REPO, fake_snapshot, free_port, write_yaml
+
 from dspark_launch.profile import PROFILES_DIR
 
 TINY_PROFILE = "cpu-tiny"

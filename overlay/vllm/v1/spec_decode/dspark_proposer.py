@@ -23,7 +23,7 @@ import json
 import torch
 from torch import nn
 
-from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
@@ -56,6 +56,22 @@ logger = init_logger(__name__)
 _QWEN3_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3DSparkForCausalLM")
 
 
+def draft_family(draft_model_config: ModelConfig) -> str:
+    """``"deepseek_v4"`` or ``"qwen3"``; anything else is not a DSpark draft
+    this proposer can run."""
+    config = draft_model_config.hf_config
+    if is_deepseek_v4_dspark(config):
+        return "deepseek_v4"
+    architectures = getattr(config, "architectures", None) or []
+    if any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
+        return "qwen3"
+    raise ValueError(
+        f"'{draft_model_config.model}' is not a DSpark draft the V1 proposer supports: "
+        f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 "
+        f"DSpark draft ({', '.join(_QWEN3_ARCHITECTURES)})."
+    )
+
+
 class DSparkProposer(EagleProposer):
     def __init__(
         self,
@@ -63,6 +79,9 @@ class DSparkProposer(EagleProposer):
         device: torch.device,
         runner=None,
     ) -> None:
+        # Before the base class, whose first complaint about a wrong checkpoint
+        # would be a missing mask token.
+        self._family = draft_family(vllm_config.speculative_config.draft_model_config)
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
         self._runner = runner
@@ -165,19 +184,12 @@ class DSparkProposer(EagleProposer):
             set_default_torch_dtype(dtype),
             torch.device(self.device),
         ):
-            if is_deepseek_v4_dspark(config):
+            if self._family == "deepseek_v4":
                 model = build_deepseek_v4_draft_model(config, vocab_size=vocab_size, dtype=dtype)
                 load_deepseek_v4_draft(
                     model, loader.get_all_weights(self.draft_model_config, model)
                 )
                 return model
-            architectures = getattr(config, "architectures", None) or []
-            if not any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
-                raise ValueError(
-                    f"The V1 DSpark proposer supports DeepSeek-V4 DSpark checkpoints and "
-                    f"Qwen3 DSpark drafts ({', '.join(_QWEN3_ARCHITECTURES)}); the draft "
-                    f"'{self.draft_model_config.model}' declares {architectures}."
-                )
             self._validate_target_layers(config)
             backbone = Qwen3DSparkBackbone(
                 config,
