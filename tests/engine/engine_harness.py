@@ -62,9 +62,7 @@ def run_engine(
             for n in max_tokens
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
-        metrics = {
-            m.name: getattr(m, "value", getattr(m, "values", None)) for m in llm.get_metrics()
-        }
+        metrics = metrics_by_name(llm.get_metrics())
         return EngineRun([list(o.outputs[0].token_ids) for o in outputs], metrics)
     finally:
         del llm
@@ -81,3 +79,19 @@ def read_draft_log(path: Path) -> dict[str, dict[int, dict[str, Any]]]:
         record = json.loads(line)
         by_request[record["req_id"].rsplit("-", 1)[0]][record["anchor"]] = record
     return by_request
+
+
+def metrics_by_name(metrics) -> dict[str, Any]:
+    """Values by metric name; per-position counters (a ``position`` label)
+    become one list in position order, like vLLM's accepted-per-position vector."""
+    values: dict[str, Any] = {}
+    positions: dict[str, dict[int, Any]] = collections.defaultdict(dict)
+    for metric in metrics:
+        value = getattr(metric, "value", getattr(metric, "values", None))
+        if "position" in metric.labels:
+            positions[metric.name][int(metric.labels["position"])] = value
+        else:
+            values[metric.name] = value
+    for name, by_position in positions.items():
+        values[name] = [by_position[p] for p in sorted(by_position)]
+    return values

@@ -54,7 +54,7 @@ def test_target_layers_missing_from_the_target_are_refused(tiny, tmp_path):
 
 def test_a_checkpoint_that_is_not_a_dspark_draft_is_refused(tiny):
     message = startup_error(tiny.random_target, dspark_config(tiny.random_target))
-    assert "Qwen3ForCausalLM" in message
+    assert "is not a DSpark draft the V1 proposer supports" in message
 
 
 def test_a_missing_draft_tensor_is_named(tiny, tmp_path):
