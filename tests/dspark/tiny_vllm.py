@@ -6,43 +6,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
-VOCAB = 1000
+from dspark_demo import tiny_models
 
 
 def build_tiny_qwen3(path: Path) -> str:
-    """Writes a 2-layer random Qwen3 target with a word-level tokenizer (`w0` ... `w995`)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    words = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(VOCAB - 4)]
-    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        unk_token="<unk>",
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-    ).save_pretrained(path)
-    config = Qwen3Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=3,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    Qwen3ForCausalLM(config).save_pretrained(path, safe_serialization=True)
-    return str(path)
+    """A 2-layer random Qwen3 target with a word-level tokenizer (`w0` ... `w995`)."""
+    return str(tiny_models.build_qwen3_target(path))
 
 
 def cpu_engine_env(stack: ExitStack) -> None:
