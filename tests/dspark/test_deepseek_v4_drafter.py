@@ -53,7 +53,9 @@ def test_draft_matches_full_recompute_over_many_steps():
     ring = ContextRing(
         num_slots=5, window=W, entry_shape=(2, 32), dtype=torch.float32, device="cpu"
     )
-    drafter = BlockDrafter(draft.backbone, draft, ring, noise_token_id=NOISE, max_position=511)
+    drafter = BlockDrafter(
+        draft.backbone, draft, ring, noise_token_id=NOISE, max_position=511, max_num_drafts=K
+    )
     g = torch.Generator().manual_seed(0)
     requests = {name: RequestHistory(slot) for name, slot in (("a", 2), ("b", 0), ("c", 1))}
     prefill = {"a": 5, "b": 11, "c": 3}  # b's prompt is longer than the window

@@ -108,7 +108,7 @@ class DSparkProposer(EagleProposer):
         return self._slot_table.req_id_to_slot
 
     @property
-    def _free_slots(self):
+    def _free_slots(self) -> list[int]:
         return self._slot_table.free_slots
 
     def _row_to_slot(self, req_ids: list[str]) -> list[int]:
@@ -158,6 +158,7 @@ class DSparkProposer(EagleProposer):
             ring,
             noise_token_id=self.parallel_drafting_token_id,
             max_position=self.max_model_len - 1,
+            max_num_drafts=self.num_speculative_tokens,
             sample_from_anchor=getattr(
                 self.draft_model_config.hf_config, "sample_from_anchor", True
             ),

@@ -61,6 +61,7 @@ class BlockDrafter:
         ring: ContextRing,
         noise_token_id: int,
         max_position: int,
+        max_num_drafts: int,
         sample_from_anchor: bool = True,
     ) -> None:
         self.backbone = backbone
@@ -72,6 +73,15 @@ class BlockDrafter:
         # Fill-in checkpoints (sample_from_anchor=False) put the anchor in a
         # slot of its own and draft from the noise slots after it.
         self.sample_offset = 0 if sample_from_anchor else 1
+        # Persistent block inputs, one row per possible request, so that the
+        # draft step reads fixed buffers (what CUDA-graph capture needs).
+        device = ring.tags.device
+        max_block_length = max_num_drafts + self.sample_offset
+        self._block_ids = torch.empty(
+            ring.num_slots - 1, max_block_length, dtype=torch.long, device=device
+        )
+        self._block_positions = torch.empty_like(self._block_ids)
+        self._block_offsets = torch.arange(max_block_length, device=device) + BLOCK_START_OFFSET
 
     def write_context(
         self,
@@ -114,16 +124,14 @@ class BlockDrafter:
     ) -> DraftOutput:
         """Draft ``num_drafts`` tokens per request from its ring."""
         num_requests = request_slots.shape[0]
-        device = anchors.device
         block_length = num_drafts + self.sample_offset
-        block_ids = torch.full(
-            (num_requests, block_length), self.noise_token_id, dtype=torch.long, device=device
-        )
+        block_ids = self._block_ids[:num_requests, :block_length]
+        block_ids.fill_(self.noise_token_id)
         block_ids[:, 0] = anchor_tokens
-        offsets = torch.arange(block_length, device=device)
-        block_positions = (anchors.unsqueeze(1) + BLOCK_START_OFFSET + offsets).clamp(
-            max=self.max_position
-        )
+        block_positions = self._block_positions[:num_requests, :block_length]
+        torch.add(
+            anchors.unsqueeze(1), self._block_offsets[:block_length], out=block_positions
+        ).clamp_(max=self.max_position)
 
         context, context_mask = self.ring.read(request_slots, anchors)
         context_positions = self.ring.tags[request_slots]
