@@ -67,17 +67,33 @@ def _qwen3_config_dict(num_layers: int) -> dict:
     }
 
 
-def build_qwen3_target(model_dir: Path, seed: int = 0, zero_lm_head: bool = False) -> Path:
-    """A 2-layer Qwen3 target. `zero_lm_head` makes greedy decoding emit token 0
-    forever, which any draft sharing the target's lm_head predicts exactly."""
+TARGET_KINDS = ("random", "zero-lm-head", "bigram")
+
+
+def build_qwen3_target(model_dir: Path, seed: int = 0, kind: str = "random") -> Path:
+    """A 2-layer Qwen3 target.
+
+    ``kind="zero-lm-head"`` makes greedy decoding emit token 0 forever, which
+    any draft sharing the target's lm_head predicts exactly (the acceptance
+    oracle). ``kind="bigram"`` zeroes every layer's output projections, so the
+    residual stream is the current token's embedding and the greedy next token
+    is a fixed function of the current one: varied output that a draft can
+    partly predict (see ``bigram_dspark_weights``).
+    """
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    if kind not in TARGET_KINDS:
+        raise ValueError(f"kind must be one of {TARGET_KINDS}, got {kind!r}")
     model_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(Qwen3Config(**_qwen3_config_dict(num_layers=2)))
-    if zero_lm_head:
-        with torch.no_grad():
+    with torch.no_grad():
+        if kind == "zero-lm-head":
             model.lm_head.weight.zero_()
+        elif kind == "bigram":
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
     model.save_pretrained(str(model_dir), safe_serialization=True)
     build_tokenizer(model_dir)
     return model_dir
@@ -178,4 +194,32 @@ def oracle_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
     every draft logit ties at zero and argmax picks token 0, as the target does."""
     weights = random_dspark_weights(spec)
     weights["markov_head.markov_w2.weight"].zero_()
+    return weights
+
+
+def bigram_dspark_weights(
+    spec: DSparkDraftSpec, target_dir: Path, blur: float = 0.3
+) -> dict[str, torch.Tensor]:
+    """For a ``bigram`` target: the Markov head reproduces the target's
+    next-token function (W1 = the RMS-normalised embedding of the previous
+    token, W2 = the target lm_head, scaled to dominate), so the chain drafts the
+    target's own continuation; ``blur`` adds noise to W1 so that some positions
+    disagree and accepted prefixes of every length occur. Needs
+    ``spec.markov_rank == HIDDEN_SIZE``."""
+    from safetensors.torch import load_file
+
+    if spec.markov_rank != HIDDEN_SIZE:
+        raise ValueError(f"bigram drafts need markov_rank={HIDDEN_SIZE}")
+    target = load_file(str(target_dir / "model.safetensors"))
+    embed = target["model.embed_tokens.weight"]
+    normed = embed * torch.rsqrt(embed.pow(2).mean(-1, keepdim=True) + 1e-6)
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    weights = random_dspark_weights(spec)
+    for i in range(spec.num_layers):
+        weights[f"layers.{i}.self_attn.o_proj.weight"].zero_()
+        weights[f"layers.{i}.mlp.down_proj.weight"].zero_()
+    weights["markov_head.markov_w1.weight"] = normed + blur * torch.randn(
+        normed.shape, generator=generator
+    )
+    weights["markov_head.markov_w2.weight"] = 10.0 * target["lm_head.weight"]
     return weights

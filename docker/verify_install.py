@@ -1,0 +1,118 @@
+"""Prove that install.py left a complete DSpark install in a vLLM tree: the last step of
+docker/install-and-verify.sh, and so of every image build.
+
+Checks, each failing with a message that names the problem:
+- `install.py --status --json` exits 0 and reports the state "installed";
+- the installed vLLM version and pin digest equal the ones the image is labelled with (if given);
+- every Python module of the overlay listed in recipe/pins.yaml imports, from that tree.
+The module list comes from the installer's own reader of recipe/pins.yaml, so it is never copied.
+"""
+
+import argparse
+import importlib
+import json
+import subprocess
+import sys
+import traceback
+from pathlib import Path, PurePosixPath
+
+from packaging.version import Version
+
+# The project root (/opt/dspark in an image), for the installer package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from installer.errors import InstallerError
+from installer.pins import load as load_pins
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+class VerifyError(Exception):
+    """The install is incomplete or does not match the image's labels."""
+
+
+def install_status(target: list[str]) -> dict:
+    """`install.py --status --json` for the target tree; refuse anything but a complete install."""
+    command = [sys.executable, str(PROJECT / "install.py"), *target, "--status", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        status = json.loads(result.stdout)
+    except json.JSONDecodeError as error:
+        raise VerifyError(
+            f"install.py --status --json printed no JSON (exit {result.returncode}): "
+            f"{result.stderr.strip() or result.stdout.strip()}"
+        ) from error
+    if result.returncode != 0 or status.get("state") != "installed":
+        raise VerifyError(
+            f"install.py --status reports {status.get('state')!r} (exit {result.returncode}), "
+            "not 'installed'; run install.py again and read its message"
+        )
+    return status
+
+
+def check_labels(status: dict, vllm_version: str, pin_digest: str) -> None:
+    """The labels an image carries must describe what was installed in it."""
+    # Compare public versions: a local build may add a suffix such as "+cu130".
+    if vllm_version and Version(status["vllm_version"]).public != vllm_version:
+        raise VerifyError(
+            f"the image is labelled vLLM {vllm_version} but its base carries vLLM "
+            f"{status['vllm_version']}: make VLLM_VERSION match the BASE_IMAGE tag"
+        )
+    if pin_digest and status["digest"] != pin_digest:
+        raise VerifyError(
+            f"the image is labelled with pin digest {pin_digest} but the install has "
+            f"{status['digest']}: pass the digest of this project revision (docs/docker.md)"
+        )
+
+
+def overlay_modules() -> list[str]:
+    """Dotted names of the Python modules the overlay adds, e.g. vllm.v1.spec_decode.dspark.ring."""
+    modules = []
+    for path in load_pins(PROJECT).overlay:
+        parts = PurePosixPath(path).with_suffix("").parts
+        if path.endswith(".py"):
+            modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return modules
+
+
+def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
+    """Import each module and check it came from `vllm_dir`, not from some other vllm."""
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as error:
+            traceback.print_exc()
+            raise VerifyError(f"{name} does not import: {error!r}") from error
+        # Unresolved paths: the question is which tree Python imported from, and
+        # a tree's files may legitimately be symlinks into another one.
+        origin = Path(module.__file__).absolute()
+        if not origin.is_relative_to(vllm_dir.absolute()):
+            raise VerifyError(f"{name} was imported from {origin}, outside {vllm_dir}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-path", help="as for install.py (default: this Python's vllm)")
+    parser.add_argument("--expect-vllm-version", default="", help="required vLLM version")
+    parser.add_argument("--expect-pin-digest", default="", help="required install digest")
+    args = parser.parse_args()
+    target = [] if args.vllm_path is None else ["--vllm-path", args.vllm_path]
+    try:
+        status = install_status(target)
+        check_labels(status, args.expect_vllm_version, args.expect_pin_digest)
+        modules = overlay_modules()
+        # Import from the tree install.py patched, ahead of any other vllm on sys.path.
+        vllm_dir = Path(status["vllm_path"])
+        sys.path.insert(0, str(vllm_dir.parent))
+        import_from_tree(modules, vllm_dir)
+    except (VerifyError, InstallerError) as error:
+        print(f"verify: FAILED: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"verify: ok: vLLM {status['vllm_version']}, DSpark installed (digest {status['digest']}), "
+        f"{len(modules)} overlay module(s) import"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

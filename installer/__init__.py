@@ -1,0 +1,5 @@
+"""Transactional, version-pinned installer of the DSpark overlay and patches into a vLLM tree.
+
+Pure standard library plus pyyaml and packaging: it never imports vLLM or torch, so it works on
+any interpreter that can read the target tree.
+"""

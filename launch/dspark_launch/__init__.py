@@ -1,0 +1,1 @@
+"""Two-node launcher for vLLM with DSpark: profiles, site files, preflight, start, stop."""

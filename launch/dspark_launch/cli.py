@@ -1,0 +1,84 @@
+"""`dspark-launch`: command line, configuration loading and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from dspark_launch.errors import ConfigError, ExitCode, LaunchError
+from dspark_launch.launcher import Launcher
+from dspark_launch.profile import load_profile, resolve_profile_path
+from dspark_launch.runner import Runner
+from dspark_launch.site import check_compatible, load_site
+
+EPILOG = """\
+exit codes:
+  0  ok
+  1  failure: a check failed, a rank exited or restarted, a node is unreachable,
+     the server did not become healthy, or stop could not confirm a rank is gone
+  2  bad configuration (site file or profile); nothing was run
+  3  already running (start only; both ranks are up)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-launch",
+        description="Serve a model with vLLM on two nodes (tensor parallel across --nnodes 2).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--site",
+        type=Path,
+        default=os.environ.get("DSPARK_SITE"),
+        help="the site file (default: $DSPARK_SITE)",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print every command that would run (secrets redacted) and run none",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("preflight", help="check both nodes without starting anything")
+    commands.add_parser("start", help="preflight, start both ranks, wait until serving")
+    commands.add_parser("stop", help="stop both ranks (idempotent)")
+    commands.add_parser("status", help="show both ranks and the API (exit 0 only when healthy)")
+    logs = commands.add_parser("logs", help="print the ranks' recent log lines")
+    logs.add_argument("--node", choices=("head", "worker", "both"), default="both")
+    logs.add_argument("-n", "--lines", type=int, default=100)
+    return parser
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    if args.site is None:
+        raise ConfigError("no site file: pass --site FILE or set DSPARK_SITE")
+    site = load_site(args.site)
+    profile = load_profile(resolve_profile_path(site.profile, site.path.parent))
+    check_compatible(site, profile)
+    launcher = Launcher(site, profile, Runner(dry_run=args.dry_run))
+    if args.command == "preflight":
+        launcher.preflight()
+    elif args.command == "start":
+        launcher.start()
+    elif args.command == "stop":
+        launcher.stop()
+    elif args.command == "status":
+        return launcher.status()
+    else:
+        launcher.logs(["head", "worker"] if args.node == "both" else [args.node], args.lines)
+    return ExitCode.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except LaunchError as e:
+        print(f"dspark-launch {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"dspark-launch {args.command}: interrupted", file=sys.stderr)
+        return ExitCode.FAILURE

@@ -1,0 +1,208 @@
+"""The launcher's commands: preflight, start, stop, status, logs.
+
+Order of `start`: refuse if ranks already exist, check both nodes, ship each rank's env file,
+start the ranks in the profile's order, watch both ranks and the API until healthy, and prove
+the server works with a one-token completion.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
+from dspark_launch.health import ApiClient
+from dspark_launch.nodes import ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.profile import Profile
+from dspark_launch.render import plan_node
+from dspark_launch.runner import Runner
+from dspark_launch.site import HEAD, WORKER, Node, Site
+
+LOG_LINES_ON_FAILURE = 40
+
+
+class Launcher:
+    def __init__(self, site: Site, profile: Profile, runner: Runner) -> None:
+        self.site = site
+        self.profile = profile
+        self.runner = runner
+        self.ranks = {node.role: self._rank(node) for node in site.nodes}
+        self.api = ApiClient(site.probe_host, site.api_port, site.secrets.api_key)
+
+    def _rank(self, node: Node) -> Rank:
+        shell = Shell(self.runner, node)
+        if self.site.mode == "local":
+            assert self.site.venv is not None
+            return LocalRank(shell, self.site.venv)
+        assert self.site.image is not None
+        return ContainerRank(shell, self.site.image)
+
+    def _step(self, text: str) -> None:
+        self.runner.say(f"==> {text}")
+
+    # preflight -------------------------------------------------------------------------------
+
+    def preflight(self) -> dict[str, str]:
+        """Check both nodes; return each node's resolved NCCL_IB_GID_INDEX ('' without RoCE)."""
+        self._check_images()
+        self._check_install()
+        self._step(f"model snapshot {self.profile.model}@{self.profile.revision or 'local'}")
+        for rank in self.ranks.values():
+            rank.shell.probe(
+                "snapshot",
+                [str(rank.node.hf_home), self.profile.model, self.profile.revision or "-"],
+            )
+        self._step("ports free on the head")
+        head = self.ranks[HEAD].shell
+        head.probe("ports", [self.site.api_bind, str(self.site.api_port)])
+        head.probe("ports", [self.site.head.address, str(self.site.master_port)])
+        gids = {role: "" for role in self.ranks}
+        if self.profile.nccl_roce:
+            self._step("NCCL_IB_GID_INDEX per node")
+            gids = {role: rank.shell.gid_index() for role, rank in self.ranks.items()}
+        return gids
+
+    def _check_images(self) -> None:
+        if self.site.mode != "docker":
+            return
+        self._step(f"image {self.site.image} on both nodes")
+        ids = {role: rank.image_id() for role, rank in self.ranks.items()}
+        if not self.runner.dry_run and ids[HEAD] != ids[WORKER]:
+            raise LaunchError(
+                f"image IDs differ: head {ids[HEAD]}, worker {ids[WORKER]}; "
+                f"pull {self.site.image} again on both nodes"
+            )
+
+    def _check_install(self) -> None:
+        """Both ranks must run identically patched vLLM; DSpark needs the patch installed."""
+        required = self.profile.speculative.method == "dspark"
+        self._step("install.py --status on both nodes" + ("" if required else " (informational)"))
+        statuses = {}
+        for role, rank in self.ranks.items():
+            result = rank.install_status()
+            if self.runner.dry_run:
+                continue
+            try:
+                status = json.loads(result.stdout)
+            except json.JSONDecodeError:
+                status = {"state": f"unreadable ({result.last_error_line})", "digest": None}
+            statuses[role] = status
+            if status.get("state") != "installed" or result.rc != 0:
+                message = f"{rank.label}: the DSpark patch is {status.get('state')}"
+                if required:
+                    raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
+                self.runner.say(f"    note: {message}; fine for speculative: none")
+        digests = {role: status.get("digest") for role, status in statuses.items()}
+        if digests and digests[HEAD] != digests[WORKER]:
+            raise LaunchError(
+                f"install.py --status digests differ: head {digests[HEAD]}, worker "
+                f"{digests[WORKER]}; both nodes must run the same image"
+            )
+
+    # start -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._refuse_existing()
+        gids = self.preflight()
+        plans = {
+            role: plan_node(self.profile, self.site, rank.node, gids[role] or None)
+            for role, rank in self.ranks.items()
+        }
+        self._step("ship env files (mode 0600)")
+        for role, rank in self.ranks.items():
+            plan = plans[role]
+            rank.shell.write_private(rank.env_path, plan.env_file_text(), plan.env_file_text(True))
+        order = (WORKER, HEAD) if self.profile.start_order == "worker-first" else (HEAD, WORKER)
+        for role in order:
+            self._step(f"start {self.ranks[role].label}")
+            self.ranks[role].start(plans[role])
+        try:
+            self._wait_until_healthy()
+            self._complete_one_token()
+        except LaunchError:
+            self._dump_logs()
+            self.runner.say("==> stopping both ranks after the failure")
+            self.stop()
+            raise
+
+    def _refuse_existing(self) -> None:
+        states = {role: rank.state() for role, rank in self.ranks.items()}
+        present = {role: state for role, state in states.items() if state.status != "absent"}
+        if len(present) == 2 and all(state.healthy for state in present.values()):
+            raise AlreadyRunning("both ranks are already running; `status` shows their health")
+        if present:
+            found = ", ".join(f"{role} {state.describe()}" for role, state in present.items())
+            raise LaunchError(f"stale rank(s) found: {found}; run `dspark-launch stop` first")
+
+    def _wait_until_healthy(self) -> None:
+        self._step(f"wait for {self.api.base}/health (up to {self.site.health_timeout_s} s)")
+        if self.runner.dry_run:
+            return
+        started = time.monotonic()
+        while True:
+            states = {role: rank.state() for role, rank in self.ranks.items()}
+            for role, state in states.items():
+                if not state.healthy:
+                    raise LaunchError(f"{self.ranks[role].label} rank is {state.describe()}")
+            reason = self.api.not_ready_reason()
+            elapsed = time.monotonic() - started
+            if reason is None:
+                self.runner.say(f"    healthy after {elapsed:.0f} s")
+                return
+            if elapsed > self.site.health_timeout_s:
+                raise LaunchError(f"not healthy after {elapsed:.0f} s: {reason}")
+            last = self.ranks[HEAD].logs(1).strip().splitlines()
+            self.runner.say(
+                f"    [{elapsed:5.0f} s] ranks running; API not ready ({reason})"
+                + (f"; head: {last[-1][:120]}" if last else "")
+            )
+            time.sleep(self.site.health_interval_s)
+
+    def _complete_one_token(self) -> None:
+        self._step(f"one-token completion through {self.api.base}")
+        if self.runner.dry_run:
+            return
+        try:
+            text = self.api.one_token_completion(self.profile.served_model_name)
+        except RuntimeError as e:
+            raise LaunchError(f"completion failed: {e}") from None
+        self.runner.say(
+            f"    ok: {text!r}; serving {self.profile.served_model_name} at "
+            f"{self.site.api_bind}:{self.site.api_port}"
+        )
+
+    def _dump_logs(self) -> None:
+        for rank in self.ranks.values():
+            self.runner.say(f"---- last {LOG_LINES_ON_FAILURE} lines of {rank.label} ----")
+            self.runner.say(rank.logs(LOG_LINES_ON_FAILURE))
+
+    # stop, status, logs ----------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop both ranks (head first); fail unless both are confirmed gone."""
+        failures = []
+        for role in (HEAD, WORKER):
+            rank = self.ranks[role]
+            self._step(f"stop {rank.label}")
+            try:
+                rank.stop()
+            except LaunchError as e:
+                failures.append(str(e))
+        if failures:
+            raise LaunchError("stop incomplete: " + "; ".join(failures))
+
+    def status(self) -> ExitCode:
+        """0 when both ranks run and the API answers; 1 otherwise."""
+        states = {role: rank.state() for role, rank in self.ranks.items()}
+        for role, state in states.items():
+            self.runner.say(f"{self.ranks[role].label}: {state.describe()}")
+        reason = None if self.runner.dry_run else self.api.not_ready_reason()
+        self.runner.say(f"api {self.api.base}: {reason or 'healthy'}")
+        healthy = all(state.healthy for state in states.values()) and reason is None
+        return ExitCode.OK if healthy or self.runner.dry_run else ExitCode.FAILURE
+
+    def logs(self, roles: list[str], lines: int) -> None:
+        for role in roles:
+            rank = self.ranks[role]
+            self.runner.say(f"---- {rank.label} ----")
+            self.runner.say(rank.logs(lines))

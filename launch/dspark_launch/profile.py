@@ -1,0 +1,182 @@
+"""Serving profiles (`recipe/profiles/*.yaml`): what to serve and how, identical on every rank.
+
+Values that must agree across ranks (model, revision, parallelism, speculative config) live only
+here, so one rendering feeds both nodes; per-cluster values live in the site file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dspark_launch.errors import ConfigError
+from dspark_launch.schema import Section, read_yaml
+
+PROFILES_DIR = Path(__file__).resolve().parents[2] / "recipe" / "profiles"
+SPECULATIVE_METHODS = ("dspark", "none")
+DRAFT_SAMPLE_METHODS = ("probabilistic", "greedy")
+START_ORDERS = ("worker-first", "head-first")
+
+# Flags the launcher renders itself from profile or site keys; a duplicate in `serve_args`
+# would silently override them (argparse keeps the last one) or differ between ranks.
+MANAGED_FLAGS = {
+    "--revision": "revision",
+    "--served-model-name": "served_model_name",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "--pipeline-parallel-size": "tensor_parallel_size",
+    "--distributed-executor-backend": "(always mp)",
+    "--nnodes": "(always 2)",
+    "--node-rank": "(set per node)",
+    "--master-addr": "site head.address",
+    "--master-port": "site ports.master",
+    "--headless": "(set on the worker)",
+    "--host": "site api_bind",
+    "--port": "site ports.api",
+    "--api-key": "site secrets (passed as VLLM_API_KEY, never on the command line)",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-model-len": "max_model_len",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--dtype": "dtype",
+    "--speculative-config": "speculative",
+    "--max-cudagraph-capture-size": "(derived: max_num_seqs * (k + 1))",
+    "--enforce-eager": "cuda_graphs: false",
+}
+# Env the launcher sets per node or from secrets; a profile must not pin them.
+MANAGED_ENV = (
+    "VLLM_HOST_IP",
+    "VLLM_API_KEY",
+    "HF_TOKEN",
+    "HF_HOME",
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    "NCCL_IB_GID_INDEX",
+    "GLOO_SOCKET_IFNAME",
+    "TP_SOCKET_IFNAME",
+    "DSPARK_HOST",
+    "DSPARK_PORT",
+)
+
+
+@dataclass(frozen=True)
+class Speculative:
+    method: str
+    num_speculative_tokens: int
+    draft_sample_method: str
+    draft_model: str | None  # None: the target checkpoint carries the DSpark head (DSV4)
+
+    def config_json(self) -> str | None:
+        """The `--speculative-config` value, serialized (never string-built: no injection)."""
+        if self.method == "none":
+            return None
+        config = {
+            "method": self.method,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "draft_sample_method": self.draft_sample_method,
+        }
+        if self.draft_model:
+            config["model"] = self.draft_model
+        return json.dumps(config, separators=(",", ":"))
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens one sequence feeds the target per decode step: k drafts plus one."""
+        return 1 if self.method == "none" else self.num_speculative_tokens + 1
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    model: str
+    revision: str | None
+    served_model_name: str
+    tensor_parallel_size: int
+    max_num_seqs: int
+    max_model_len: int
+    kv_cache_dtype: str
+    dtype: str | None
+    cuda_graphs: bool
+    speculative: Speculative
+    nccl_roce: bool
+    start_order: str
+    serve_args: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cudagraph_capture_size(self) -> int | None:
+        """Largest decode batch in tokens, so every speculative step replays a graph."""
+        if not self.cuda_graphs:
+            return None
+        return self.max_num_seqs * self.speculative.tokens_per_step
+
+    @property
+    def uses_hub_snapshot(self) -> bool:
+        return not self.model.startswith("/")
+
+
+def resolve_profile_path(name_or_path: str, relative_to: Path) -> Path:
+    """A bare name means `recipe/profiles/<name>.yaml`; anything with a slash is a path."""
+    if "/" in name_or_path or name_or_path.endswith(".yaml"):
+        path = Path(name_or_path)
+        return path if path.is_absolute() else relative_to / path
+    return PROFILES_DIR / f"{name_or_path}.yaml"
+
+
+def load_profile(path: Path) -> Profile:
+    if not path.is_file():
+        raise ConfigError(
+            f"profile {path} does not exist (see recipe/profiles/ for the shipped ones)"
+        )
+    top = Section(read_yaml(path), path)
+    top.string("description", required=False)
+    model = top.string("model")
+    assert model is not None
+    is_path = model.startswith("/")
+    revision = top.matching("revision", r"[0-9a-f]{40}", "a 40-hex commit id", required=not is_path)
+    if is_path and revision is not None:
+        raise top.error("revision", "must be omitted when model is a local directory")
+    spec = top.section("speculative")
+    method = spec.choice("method", SPECULATIVE_METHODS)
+    speculative = Speculative(
+        method=method,
+        num_speculative_tokens=spec.integer("num_speculative_tokens", 1, 16, default=1),
+        draft_sample_method=spec.choice(
+            "draft_sample_method", DRAFT_SAMPLE_METHODS, default="probabilistic"
+        ),
+        draft_model=spec.string("draft_model", required=False),
+    )
+    if method == "dspark" and not spec.has("num_speculative_tokens"):
+        raise spec.error("num_speculative_tokens", "required when method is dspark")
+    spec.finish()
+    serve_args = top.string_list("serve_args")
+    for arg in serve_args:
+        flag = arg.split("=", 1)[0]
+        if flag in MANAGED_FLAGS:
+            raise top.error(
+                "serve_args", f"{flag} is set by the launcher from {MANAGED_FLAGS[flag]}"
+            )
+    env = top.string_map("env")
+    for name in env:
+        if name in MANAGED_ENV:
+            raise top.error(f"env.{name}", "is set by the launcher per node or from site secrets")
+    profile = Profile(
+        name=path.stem,
+        model=model,
+        revision=revision,
+        served_model_name=top.string("served_model_name", default=model) or model,
+        tensor_parallel_size=top.integer("tensor_parallel_size", 2, 64),
+        max_num_seqs=top.integer("max_num_seqs", 1, 4096),
+        max_model_len=top.integer("max_model_len", 16, 1 << 24),
+        kv_cache_dtype=top.string("kv_cache_dtype", default="auto") or "auto",
+        dtype=top.string("dtype", required=False),
+        cuda_graphs=top.boolean("cuda_graphs"),
+        speculative=speculative,
+        nccl_roce=top.boolean("nccl_roce"),
+        start_order=top.choice("start_order", START_ORDERS, default="worker-first"),
+        serve_args=tuple(serve_args),
+        env=env,
+    )
+    if profile.tensor_parallel_size % 2:
+        raise top.error("tensor_parallel_size", "must be even: it is split over 2 nodes")
+    top.finish()
+    return profile

@@ -1,0 +1,246 @@
+"""The site file: everything that differs per cluster (hosts, NICs, ports, paths, secrets).
+
+Validated completely before any command runs. Secrets are read into memory here and leave the
+process only through 0600 env files, never through command lines or logs.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from dspark_launch.errors import ConfigError
+from dspark_launch.gid import parse_hca_selector
+from dspark_launch.profile import Profile
+from dspark_launch.schema import Section, read_yaml
+
+MODES = ("docker", "local")
+HEAD, WORKER = "head", "worker"
+_IMAGE_BY_DIGEST = r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}"
+_IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
+_SSH_TARGET = r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+"
+NCCL_PASSTHROUGH = (
+    "NCCL_IB_MERGE_NICS",
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_NET_GDR_READ",
+    "NCCL_DMABUF_ENABLE",
+)
+
+
+@dataclass(frozen=True)
+class Node:
+    role: str  # "head" or "worker"
+    rank: int
+    address: str  # this node's IP on the inter-node link: VLLM_HOST_IP; the head's is master-addr
+    ssh: str | None  # worker in docker mode only; the head is the machine the launcher runs on
+    nccl_ib_hca: str | None
+    nccl_socket_ifname: str | None
+    gloo_socket_ifname: str | None
+    hf_home: Path
+    state_dir: Path
+
+
+@dataclass(frozen=True)
+class Secrets:
+    hf_token: str | None
+    api_key: str | None
+
+    def __repr__(self) -> str:  # never print secret values, even in a traceback
+        def shown(value: str | None) -> str | None:
+            return "***" if value else None
+
+        return f"Secrets(hf_token={shown(self.hf_token)}, api_key={shown(self.api_key)})"
+
+
+@dataclass(frozen=True)
+class Site:
+    path: Path
+    profile: str
+    mode: str
+    image: str | None
+    venv: Path | None
+    api_bind: str
+    api_port: int
+    master_port: int
+    health_timeout_s: int
+    health_interval_s: int
+    head: Node
+    worker: Node
+    secrets: Secrets
+    nccl_passthrough: dict[str, str]
+
+    @property
+    def nodes(self) -> tuple[Node, Node]:
+        return (self.head, self.worker)
+
+    @property
+    def probe_host(self) -> str:
+        """Where the API answers: the bind address, or loopback for a wildcard bind."""
+        return "127.0.0.1" if self.api_bind == "0.0.0.0" else self.api_bind
+
+
+def _ipv4(section: Section, key: str) -> str:
+    value = section.string(key)
+    assert value is not None
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        raise section.error(key, f"{value!r} is not an IPv4 address") from None
+    return value
+
+
+def _node(top: Section, role: str, rank: int, mode: str) -> Node:
+    section = top.section(role)
+    ssh = None
+    if role == WORKER and mode == "docker":
+        ssh = section.matching("ssh", _SSH_TARGET, "an ssh destination like user@host")
+    elif section.has("ssh"):
+        raise section.error("ssh", f"only the worker in docker mode is reached over ssh ({mode})")
+    hca = section.string("nccl_ib_hca", required=False)
+    if hca is not None:
+        try:
+            parse_hca_selector(hca)
+        except ValueError as e:
+            raise section.error("nccl_ib_hca", str(e)) from None
+    node = Node(
+        role=role,
+        rank=rank,
+        address=_ipv4(section, "address"),
+        ssh=ssh,
+        nccl_ib_hca=hca,
+        nccl_socket_ifname=section.matching(
+            "nccl_socket_ifname", _IFNAME, "a network interface name", required=False
+        ),
+        gloo_socket_ifname=section.matching(
+            "gloo_socket_ifname", _IFNAME, "a network interface name", required=False
+        ),
+        hf_home=_absolute(section, "hf_home"),
+        state_dir=_absolute(section, "state_dir"),
+    )
+    section.finish()
+    return node
+
+
+def _absolute(section: Section, key: str) -> Path:
+    value = section.string(key)
+    assert value is not None
+    if not value.startswith("/"):
+        raise section.error(key, f"must be an absolute path, got {value!r}")
+    return Path(value)
+
+
+def _secret(section: Section, key: str, site_path: Path) -> str | None:
+    """A secret inline (the site file must then be private) or in a private file."""
+    section.exclusive(key, f"{key}_file")
+    if section.has(key):
+        value = section.string(key)
+        if stat.S_IMODE(site_path.stat().st_mode) & 0o077:
+            raise section.error(
+                key, f"is inline, so {site_path} must be private: chmod 600 {site_path}"
+            )
+        return value
+    file_key = f"{key}_file"
+    if not section.has(file_key):
+        return None
+    path = Path(section.string(file_key) or "")
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        value = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise section.error(file_key, f"cannot read {path}: {e}") from None
+    if mode & 0o077:
+        raise section.error(file_key, f"{path} is readable by others: chmod 600 {path}")
+    if not value or "\n" in value or "\r" in value:
+        raise section.error(file_key, f"{path} must hold exactly one non-empty line")
+    return value
+
+
+def load_site(path: Path) -> Site:
+    top = Section(read_yaml(path), path)
+    mode = top.choice("mode", MODES)
+    image = venv = None
+    if mode == "docker":
+        image = top.matching(
+            "image", _IMAGE_BY_DIGEST, "an image pinned by digest (NAME@sha256:...)"
+        )
+        if top.has("venv"):
+            raise top.error("venv", "is for local mode; docker mode runs the image's vLLM")
+    else:
+        venv_text = top.string("venv")
+        venv = Path(venv_text or "")
+        if not venv.is_absolute():
+            raise top.error("venv", f"must be an absolute path, got {venv_text!r}")
+        if top.has("image"):
+            raise top.error("image", "is for docker mode; local mode runs the venv's vLLM")
+    ports = top.section("ports")
+    api_port = ports.integer("api", 1, 65535)
+    master_port = ports.integer("master", 1, 65535)
+    if api_port == master_port:
+        raise ports.error("master", f"must differ from ports.api ({api_port})")
+    ports.finish()
+    health = top.section("health", required=False)
+    health_timeout_s = health.integer("timeout_s", 1, 86400, default=2400)
+    health_interval_s = health.integer("interval_s", 1, 600, default=15)
+    health.finish()
+    secrets_section = top.section("secrets", required=False)
+    secrets = Secrets(
+        hf_token=_secret(secrets_section, "hf_token", path),
+        api_key=_secret(secrets_section, "api_key", path),
+    )
+    secrets_section.finish()
+    passthrough = top.string_map("nccl_passthrough")
+    for name in passthrough:
+        if name not in NCCL_PASSTHROUGH:
+            raise top.error(
+                f"nccl_passthrough.{name}", f"must be one of {', '.join(NCCL_PASSTHROUGH)}"
+            )
+    api_bind = top.string("api_bind", default="0.0.0.0") or "0.0.0.0"
+    try:
+        ipaddress.IPv4Address(api_bind)
+    except ValueError:
+        raise top.error("api_bind", f"{api_bind!r} is not an IPv4 address") from None
+    site = Site(
+        path=path,
+        profile=top.string("profile") or "",
+        mode=mode,
+        image=image,
+        venv=venv,
+        api_bind=api_bind,
+        api_port=api_port,
+        master_port=master_port,
+        health_timeout_s=health_timeout_s,
+        health_interval_s=health_interval_s,
+        head=_node(top, HEAD, 0, mode),
+        worker=_node(top, WORKER, 1, mode),
+        secrets=secrets,
+        # An empty value would mask NCCL's own config file, so empty means unset.
+        nccl_passthrough={k: v for k, v in passthrough.items() if v.strip()},
+    )
+    top.finish()
+    return site
+
+
+def check_compatible(site: Site, profile: Profile) -> None:
+    """Cross-file rules: what the profile needs from the site."""
+    profile_name = profile.name
+    if not profile.uses_hub_snapshot and site.mode == "docker":
+        raise ConfigError(
+            f"{site.path}: mode: docker serves hub snapshots from hf_home, but profile "
+            f"{profile_name} names a local model directory; use mode: local or a hub model"
+        )
+    if not profile.nccl_roce:
+        return
+    if site.mode == "local":
+        raise ConfigError(
+            f"{site.path}: mode: local runs both ranks on one host, but profile {profile_name} "
+            "uses NCCL over RoCE between two hosts; use mode: docker"
+        )
+    for node in site.nodes:
+        for key in ("nccl_ib_hca", "nccl_socket_ifname"):
+            if getattr(node, key) is None:
+                raise ConfigError(
+                    f"{site.path}: {node.role}.{key}: required by profile {profile_name} "
+                    "(NCCL over RoCE); see `ibdev2netdev` on that node"
+                )

@@ -1,0 +1,1 @@
+"""DSpark speculative decoding: draft state kept per request, not per batch row."""

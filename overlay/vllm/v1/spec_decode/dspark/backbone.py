@@ -1,0 +1,55 @@
+"""The contract between the DSpark drafter and a checkpoint family's draft network.
+
+A DSpark draft reads, per request, a window of projected target positions (the
+ring) and runs one non-causal forward over a block of query tokens. Backbones
+differ in what a ring entry holds (Qwen3: per-layer K/V; DeepSeek-V4: per-stage
+shared KV) and in the block network; the drafter's bookkeeping does not.
+"""
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+
+class DSparkBackbone(nn.Module, ABC):
+    """Draft network of one checkpoint family.
+
+    Subclasses set ``window`` (W, context positions the draft attends to),
+    ``ring_entry_shape`` (shape of one position's ring entry) and
+    ``hidden_size`` before the drafter is built.
+    """
+
+    window: int
+    ring_entry_shape: tuple[int, ...]
+    hidden_size: int
+
+    @abstractmethod
+    def context_entries(
+        self, target_features: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor:
+        """Project target rows into ring entries.
+
+        ``target_features`` is ``[rows, F]`` (the tapped target layers,
+        concatenated in config order) and ``positions`` ``[rows]`` their
+        absolute positions; returns ``[rows, *ring_entry_shape]``.
+        """
+
+    @abstractmethod
+    def block_hidden(
+        self,
+        block_embeds: torch.Tensor,
+        block_positions: torch.Tensor,
+        context: torch.Tensor,
+        context_positions: torch.Tensor,
+        context_mask: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the block forward over each request's ring plus its block.
+
+        ``block_embeds`` ``[B, n, H]``, ``block_positions`` ``[B, n]``,
+        ``context`` ``[B, W, *ring_entry_shape]`` with ``context_positions``
+        ``[B, W]`` (-1 = empty) and ``context_mask`` ``[B, W]`` (True =
+        attend). Returns ``(logit_hidden, confidence_hidden)``, each
+        ``[B, n, H]``: the first feeds the shared lm_head, the second the
+        confidence head.
+        """

