@@ -87,13 +87,13 @@ def build_models(root: Path) -> dict[str, dict[str, Path]]:
     """Targets and drafts per draft kind: {kind: {"target", "dflash", "dspark"}}."""
     spec = DSparkDraftSpec()
     models: dict[str, dict[str, Path]] = {}
-    for kind, zero_lm_head, weights in (
-        ("oracle", True, oracle_dspark_weights(spec)),
-        ("random", False, random_dspark_weights(spec)),
+    for kind, target_kind, weights in (
+        ("oracle", "zero-lm-head", oracle_dspark_weights(spec)),
+        ("random", "random", random_dspark_weights(spec)),
     ):
         target = root / f"{kind}_target"
         if not (target / "config.json").exists():
-            build_qwen3_target(target, zero_lm_head=zero_lm_head)
+            build_qwen3_target(target, kind=target_kind)
         models[kind] = {
             "target": target,
             "dspark": save_dspark_draft(root / f"{kind}_dspark", spec, weights),
