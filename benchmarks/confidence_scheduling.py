@@ -1,6 +1,6 @@
 """Confidence-scheduled verification side by side on the CPU engine.
 
-    .venv/bin/python benchmarks/confidence_scheduling.py [--repeats 3] [--concurrency 1 4 8]
+    .venv/bin/python -m benchmarks.confidence_scheduling [--repeats 3] [--concurrency 1 4 8]
 
 Runs the same prompts with DSpark and the confidence scheduler off, threshold
 and hardware, alternating the schedulers within each repeat (machines here are
