@@ -14,8 +14,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.host_syncs import HostSyncRecorder
 from vllm.v1.spec_decode.dspark import ring as ring_module
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask
 from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment, SlotTable
@@ -458,40 +458,6 @@ def test_tests_have_teeth_reference_recipe_mapping_breaks_invariance():
 
 
 # --- no host-device synchronization --------------------------------------------------------
-
-SYNCING_OPS = {
-    "_local_scalar_dense",  # .item(), bool(tensor), int(tensor)
-    "is_nonzero",
-    "nonzero",
-    "argwhere",
-    "masked_select",
-    "_unique2",
-    "unique_consecutive",
-    "unique_dim",
-    "bincount",
-    "repeat_interleave",
-    "equal",
-}
-
-
-class HostSyncRecorder(TorchDispatchMode):
-    """Records the aten ops that make the host wait for device results on a GPU."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.syncs: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        boolean_index = name.startswith(("index", "_index_put")) and any(
-            isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
-            for arg in args
-            if isinstance(arg, list | tuple)
-            for index in arg
-        )
-        if name in SYNCING_OPS or boolean_index:
-            self.syncs.append(name)
-        return func(*args, **(kwargs or {}))
 
 
 def ring_step_inputs(device: torch.device) -> dict[str, torch.Tensor]:

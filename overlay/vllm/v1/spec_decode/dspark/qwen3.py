@@ -179,14 +179,14 @@ class Qwen3DSparkAttention(nn.Module):
 
         keys = torch.cat([context_kv[:, :, 0], heads(k, self.num_kv_heads)], dim=1)
         values = torch.cat([context_kv[:, :, 1], heads(v, self.num_kv_heads)], dim=1)
-        group = self.num_heads // self.num_kv_heads
         mask = self._attention_mask(block_positions, context_positions, context_mask)
         out = F.scaled_dot_product_attention(
             heads(q, self.num_heads).transpose(1, 2),
-            keys.repeat_interleave(group, dim=2).transpose(1, 2),
-            values.repeat_interleave(group, dim=2).transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
             attn_mask=mask.unsqueeze(1),
             scale=self.scaling,
+            enable_gqa=self.num_heads != self.num_kv_heads,
         )
         out = out.transpose(1, 2).reshape(batch * num_queries, self.q_size)
         out, _ = self.o_proj(out)
