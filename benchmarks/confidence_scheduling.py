@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.engine_runs import ENGINE_ENV
 from dspark_demo import tiny_models
 
 SCHEDULERS = {
@@ -92,12 +93,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
-    os.environ.update(
-        HF_HUB_OFFLINE="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_USE_V2_MODEL_RUNNER="0",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    )
+    os.environ.update(ENGINE_ENV)
     with tempfile.TemporaryDirectory() as workdir:
         target, draft = build_models(Path(workdir))
         results: dict[tuple[str, int], list[dict]] = {}

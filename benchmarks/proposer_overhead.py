@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from benchmarks.engine_runs import ENGINE_ENV
 from benchmarks.host_syncs import HostSyncRecorder
 from benchmarks.tiny_drafts import save_dflash_draft
 from dspark_demo import tiny_models
@@ -157,12 +158,8 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32, 64])
     parser.add_argument("--k", type=int, default=4)
     args = parser.parse_args()
-    os.environ.update(
-        HF_HUB_OFFLINE="1",
-        VLLM_CPU_KVCACHE_SPACE="2",
-        VLLM_USE_V2_MODEL_RUNNER="0",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-    )
+    # 64 concurrent requests need more than ENGINE_ENV's 1 GiB of KV cache.
+    os.environ.update({**ENGINE_ENV, "VLLM_CPU_KVCACHE_SPACE": "2"})
     with tempfile.TemporaryDirectory() as workdir:
         root = Path(workdir)
         spec = tiny_models.DSparkDraftSpec()
