@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import (
     QKVParallelLinear,
@@ -73,8 +74,6 @@ class Qwen3DSparkAttention(nn.Module):
         prefix: str,
     ) -> None:
         super().__init__()
-        from vllm.distributed import get_tensor_model_parallel_world_size
-
         tp_size = get_tensor_model_parallel_world_size()
         self.head_dim = getattr(config, "head_dim", None) or (
             config.hidden_size // config.num_attention_heads
