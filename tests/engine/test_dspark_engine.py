@@ -166,7 +166,7 @@ class RowIndexedSlots:
 def test_contamination_check_fails_with_row_indexed_slots(tiny, tmp_path, monkeypatch):
     """The check above has teeth: with row indexing, requests read each
     other's windows as soon as rows move, and their drafts change."""
-    import vllm.v1.spec_decode.dspark_proposer as proposer_module
+    import vllm.v1.spec_decode.dspark.ring_proposer as proposer_module
 
     monkeypatch.setattr(proposer_module, "SlotTable", RowIndexedSlots)
     alone, crowded = drafts_alone_and_crowded(tiny, tmp_path)
