@@ -3,6 +3,10 @@
 Everything is built from scratch on disk in well under a second (no hub access):
 a word-level tokenizer, a Qwen3 target, and DeepSpec-format Qwen3 DSpark drafts
 whose weights the tests and the demo can shape (random, oracle, or trained).
+Drafts are written the way DeepSpec writes (and releases) them: top-level
+``target_layer_ids``/``mask_token_id``/``block_size`` and frozen copies of the
+target's ``embed_tokens``/``lm_head``; ``layout="dflash"`` writes the
+DFlash/speculators variant (``dflash_config``) instead.
 Sizes follow what vLLM's CPU attention backend accepts (head_dim 32).
 """
 
@@ -99,9 +103,12 @@ def build_qwen3_target(model_dir: Path, seed: int = 0, kind: str = "random") -> 
     return model_dir
 
 
+DRAFT_LAYOUTS = ("deepspec", "dflash")
+
+
 @dataclass
 class DSparkDraftSpec:
-    """Shape of a tiny DeepSpec-format Qwen3 DSpark draft."""
+    """Shape of a tiny Qwen3 DSpark draft."""
 
     block_size: int = 4
     markov_rank: int = 8
@@ -109,30 +116,30 @@ class DSparkDraftSpec:
     num_layers: int = 1
     confidence_head: bool = False
     confidence_with_markov: bool = False
-    sliding_window: int | None = None
+    layout: str = "deepspec"
+    """``deepspec``: DeepSpec's release layout; ``dflash``: taps and mask token
+    in ``dflash_config``, no embedding or head in the file."""
     seed: int = 1
     scale: float = 0.05
 
 
 def dspark_draft_config(spec: DSparkDraftSpec) -> dict:
+    if spec.layout not in DRAFT_LAYOUTS:
+        raise ValueError(f"layout must be one of {DRAFT_LAYOUTS}, got {spec.layout!r}")
     config = _qwen3_config_dict(num_layers=spec.num_layers)
-    layer_type = "sliding_attention" if spec.sliding_window else "full_attention"
     config.update(
         {
             "architectures": ["Qwen3DSparkModel"],
-            "layer_types": [layer_type] * spec.num_layers,
             "block_size": spec.block_size,
             "target_hidden_size": HIDDEN_SIZE,
             "markov_rank": spec.markov_rank,
-            "dflash_config": {
-                "target_layer_ids": list(spec.target_layer_ids),
-                "mask_token_id": NOISE_TOKEN_ID,
-            },
         }
     )
-    if spec.sliding_window:
-        config["sliding_window"] = spec.sliding_window
-        config["dflash_config"]["causal"] = False
+    taps = {"target_layer_ids": list(spec.target_layer_ids), "mask_token_id": NOISE_TOKEN_ID}
+    if spec.layout == "deepspec":
+        config.update(taps)
+    else:
+        config["dflash_config"] = taps
     if spec.confidence_head:
         config["enable_confidence_head"] = True
         config["confidence_head_with_markov"] = spec.confidence_with_markov
@@ -175,14 +182,22 @@ def random_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
 
 
 def save_dspark_draft(
-    model_dir: Path, spec: DSparkDraftSpec, weights: dict[str, torch.Tensor] | None = None
+    model_dir: Path,
+    spec: DSparkDraftSpec,
+    weights: dict[str, torch.Tensor] | None = None,
+    target: Path | None = None,
 ) -> Path:
-    """Write config.json, model.safetensors and the tokenizer of a draft."""
-    from safetensors.torch import save_file
+    """Write config.json, model.safetensors and the tokenizer of a draft. In
+    DeepSpec's layout with a ``target``, the file also carries frozen copies of
+    the target's embedding and lm_head, as DeepSpec's trainer saves them."""
+    from safetensors.torch import load_file, save_file
 
     model_dir.mkdir(parents=True, exist_ok=True)
-    if weights is None:
-        weights = random_dspark_weights(spec)
+    weights = dict(random_dspark_weights(spec) if weights is None else weights)
+    if spec.layout == "deepspec" and target is not None:
+        target_weights = load_file(str(target / "model.safetensors"))
+        weights["embed_tokens.weight"] = target_weights["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = target_weights["lm_head.weight"]
     (model_dir / "config.json").write_text(json.dumps(dspark_draft_config(spec), indent=2))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(model_dir / "model.safetensors"))
     build_tokenizer(model_dir)
@@ -204,8 +219,9 @@ def bigram_dspark_weights(
     next-token function (W1 = the RMS-normalised embedding of the previous
     token, W2 = the target lm_head, scaled to dominate), so the chain drafts the
     target's own continuation; ``blur`` adds noise to W1 so that some positions
-    disagree and accepted prefixes of every length occur. Needs
-    ``spec.markov_rank == HIDDEN_SIZE``."""
+    disagree and accepted prefixes of every length occur. The backbone stays
+    random, so the context still reaches the base logits and moves near-ties.
+    Needs ``spec.markov_rank == HIDDEN_SIZE``."""
     from safetensors.torch import load_file
 
     if spec.markov_rank != HIDDEN_SIZE:
@@ -215,9 +231,6 @@ def bigram_dspark_weights(
     normed = embed * torch.rsqrt(embed.pow(2).mean(-1, keepdim=True) + 1e-6)
     generator = torch.Generator().manual_seed(spec.seed + 1)
     weights = random_dspark_weights(spec)
-    for i in range(spec.num_layers):
-        weights[f"layers.{i}.self_attn.o_proj.weight"].zero_()
-        weights[f"layers.{i}.mlp.down_proj.weight"].zero_()
     weights["markov_head.markov_w1.weight"] = normed + blur * torch.randn(
         normed.shape, generator=generator
     )

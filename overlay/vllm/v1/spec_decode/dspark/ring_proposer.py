@@ -24,7 +24,6 @@ from vllm.model_executor.model_loader.utils import (
     get_draft_load_config,
     process_weights_after_loading,
 )
-from vllm.model_executor.models.utils import get_draft_quant_config
 from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -36,7 +35,6 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
-from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
@@ -153,7 +151,7 @@ class DSparkRingProposer(EagleProposer):
         )
 
     def _build_draft_model(self) -> DSparkDraftModel:
-        """Build the draft of the checkpoint's family and load it strictly."""
+        """Build the DeepSeek-V4 draft and load it strictly."""
         config = self.draft_model_config.hf_config
         self._validate_block_size(config)
         vocab_size = self.vllm_config.model_config.get_vocab_size()
@@ -164,39 +162,9 @@ class DSparkRingProposer(EagleProposer):
             set_default_torch_dtype(dtype),
             torch.device(self.device),
         ):
-            if self._family == "deepseek_v4":
-                model = build_deepseek_v4_draft_model(config, vocab_size=vocab_size, dtype=dtype)
-                load_deepseek_v4_draft(
-                    model, loader.get_all_weights(self.draft_model_config, model)
-                )
-                return model
-            self._validate_target_layers(config)
-            backbone = Qwen3DSparkBackbone(
-                config,
-                self._resolve_window(config),
-                get_draft_quant_config(self.vllm_config),
-                prefix="dspark",
-            )
-            model = DSparkDraftModel(
-                config,
-                backbone,
-                markov_rank=config.markov_rank,
-                vocab_size=vocab_size,
-                confidence_head_optional=True,
-            )
-            model.load_weights(loader.get_all_weights(self.draft_model_config, model))
+            model = build_deepseek_v4_draft_model(config, vocab_size=vocab_size, dtype=dtype)
+            load_deepseek_v4_draft(model, loader.get_all_weights(self.draft_model_config, model))
             return model
-
-    def _validate_target_layers(self, config) -> None:
-        num_target_layers = self.vllm_config.model_config.get_total_num_hidden_layers()
-        layer_ids = qwen3_target_layer_ids(config)
-        bad = [i for i in layer_ids if not -1 <= i < num_target_layers]
-        if bad or sorted(set(layer_ids)) != layer_ids:
-            raise ValueError(
-                f"DSpark target_layer_ids {layer_ids} must be strictly increasing "
-                f"and within [-1, {num_target_layers - 1}] for this "
-                f"{num_target_layers}-layer target."
-            )
 
     def _validate_block_size(self, config) -> None:
         block_size = getattr(config, "block_size", None) or getattr(
@@ -214,15 +182,6 @@ class DSparkRingProposer(EagleProposer):
                 block_size,
                 self.num_speculative_tokens,
             )
-
-    def _resolve_window(self, config) -> int:
-        """The draft's own sliding window if its layers declare one, else the
-        ``window`` option, else the full model length (exact full context)."""
-        layer_types = getattr(config, "layer_types", None) or []
-        sliding = getattr(config, "sliding_window", None)
-        if "sliding_attention" in layer_types and sliding:
-            return sliding
-        return self.options.window or self.max_model_len
 
     # Runner hooks -------------------------------------------------------------
     def initialize_attn_backend(
