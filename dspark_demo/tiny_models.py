@@ -13,7 +13,7 @@ Sizes follow what vLLM's CPU attention backend accepts (head_dim 32).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -204,6 +204,33 @@ def save_dspark_draft(
     return model_dir
 
 
+def dflash_draft_config(spec: DSparkDraftSpec) -> dict:
+    """The same draft as upstream DFlash reads it: ``dflash_config``, no Markov head."""
+    config = dspark_draft_config(replace(spec, layout="dflash"))
+    config["architectures"] = ["DFlashDraftModel"]
+    config.pop("markov_rank")
+    return config
+
+
+def save_dflash_draft(model_dir: Path, spec: DSparkDraftSpec, weights: dict) -> Path:
+    """Write a DFlash draft from DSpark-named weights, dropping ``markov_head.*``."""
+    from safetensors.torch import save_file
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    kept = {k: v.contiguous() for k, v in weights.items() if not k.startswith("markov_head.")}
+    (model_dir / "config.json").write_text(json.dumps(dflash_draft_config(spec), indent=2))
+    save_file(kept, str(model_dir / "model.safetensors"))
+    build_tokenizer(model_dir)
+    return model_dir
+
+
+def load_target(model_dir: Path) -> torch.nn.Module:
+    """The Hugging Face target in float32, eval mode."""
+    from transformers import Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
 def oracle_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
     """Random backbone, zero Markov projection: paired with a zero-lm_head target,
     every draft logit ties at zero and argmax picks token 0, as the target does."""
@@ -213,11 +240,11 @@ def oracle_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
 
 
 def bigram_dspark_weights(
-    spec: DSparkDraftSpec, target_dir: Path, blur: float = 0.3
+    spec: DSparkDraftSpec, target_dir: Path, blur: float = 0.3, markov_scale: float = 3.0
 ) -> dict[str, torch.Tensor]:
     """For a ``bigram`` target: the Markov head reproduces the target's
     next-token function (W1 = the RMS-normalised embedding of the previous
-    token, W2 = the target lm_head, scaled to dominate), so the chain drafts the
+    token, W2 = the target lm_head times ``markov_scale``), so the chain drafts the
     target's own continuation; ``blur`` adds noise to W1 so that some positions
     disagree and accepted prefixes of every length occur. The backbone stays
     random, so the context still reaches the base logits and moves near-ties.
@@ -234,5 +261,5 @@ def bigram_dspark_weights(
     weights["markov_head.markov_w1.weight"] = normed + blur * torch.randn(
         normed.shape, generator=generator
     )
-    weights["markov_head.markov_w2.weight"] = 10.0 * target["lm_head.weight"]
+    weights["markov_head.markov_w2.weight"] = markov_scale * target["lm_head.weight"]
     return weights
