@@ -196,9 +196,7 @@ def draft_kv_caches(engine: TinyEngine) -> list:
     return [contexts[name].kv_cache for name in sorted(drafter._draft_attn_layer_names)]
 
 
-def test_prefix_cache_check_fails_when_cached_draft_context_is_lost(
-    tiny, tmp_path, without_cache
-):
+def test_prefix_cache_check_fails_when_cached_draft_context_is_lost(tiny, tmp_path, without_cache):
     """The check above has teeth: wiping the draft layers' cached K/V between
     the turns (what a draft context outside the paged cache amounts to after a
     hit) changes the second turn's drafts."""

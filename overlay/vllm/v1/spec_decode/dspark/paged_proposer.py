@@ -276,10 +276,12 @@ def _check_target_layers(config, num_target_layers: int) -> None:
             "The DSpark draft config names no target layers: set target_layer_ids (DeepSpec) "
             "or dflash_config.target_layer_ids."
         )
-    if any(not -1 <= i < num_target_layers for i in taps):
+    # The target hands its taps over in layer order; DeepSpec concatenates them
+    # in config order: the two agree only for increasing ids.
+    if any(not -1 <= i < num_target_layers for i in taps) or sorted(set(taps)) != list(taps):
         raise ValueError(
-            f"DSpark target_layer_ids {list(taps)} must lie within [-1, "
-            f"{num_target_layers - 1}] for this {num_target_layers}-layer target."
+            f"DSpark target_layer_ids {list(taps)} must be strictly increasing and lie within "
+            f"[-1, {num_target_layers - 1}] for this {num_target_layers}-layer target."
         )
 
 
