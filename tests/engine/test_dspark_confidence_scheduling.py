@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+
 from dspark_demo import tiny_models
 from dspark_demo.engine import dspark_config, run_engine
 
