@@ -47,7 +47,22 @@ def build_tokenizer(model_dir: Path) -> None:
     tokenizer.save_pretrained(str(model_dir))
 
 
-def _qwen3_config_dict(num_layers: int) -> dict:
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """Attention shape of the tiny models: what sets their KV-cache width."""
+
+    num_heads: int = NUM_HEADS
+    num_kv_heads: int = NUM_KV_HEADS
+    head_dim: int = HEAD_DIM
+    max_positions: int = MAX_POSITIONS
+
+
+TINY = AttentionGeometry()
+# Qwen3-8B's KV width per layer (8 KV heads of 128) and a 128k context.
+WIDE_KV = AttentionGeometry(num_heads=8, num_kv_heads=8, head_dim=128, max_positions=131072)
+
+
+def _qwen3_config_dict(num_layers: int, geometry: AttentionGeometry = TINY) -> dict:
     return {
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
@@ -55,10 +70,10 @@ def _qwen3_config_dict(num_layers: int) -> dict:
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_hidden_layers": num_layers,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "max_position_embeddings": MAX_POSITIONS,
+        "num_attention_heads": geometry.num_heads,
+        "num_key_value_heads": geometry.num_kv_heads,
+        "head_dim": geometry.head_dim,
+        "max_position_embeddings": geometry.max_positions,
         "rms_norm_eps": 1e-6,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         "hidden_act": "silu",
@@ -74,7 +89,9 @@ def _qwen3_config_dict(num_layers: int) -> dict:
 TARGET_KINDS = ("random", "zero-lm-head", "bigram")
 
 
-def build_qwen3_target(model_dir: Path, seed: int = 0, kind: str = "random") -> Path:
+def build_qwen3_target(
+    model_dir: Path, seed: int = 0, kind: str = "random", geometry: AttentionGeometry = TINY
+) -> Path:
     """A 2-layer Qwen3 target.
 
     ``kind="zero-lm-head"`` makes greedy decoding emit token 0 forever, which
@@ -90,7 +107,7 @@ def build_qwen3_target(model_dir: Path, seed: int = 0, kind: str = "random") -> 
         raise ValueError(f"kind must be one of {TARGET_KINDS}, got {kind!r}")
     model_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(Qwen3Config(**_qwen3_config_dict(num_layers=2)))
+    model = Qwen3ForCausalLM(Qwen3Config(**_qwen3_config_dict(2, geometry)))
     with torch.no_grad():
         if kind == "zero-lm-head":
             model.lm_head.weight.zero_()
@@ -116,6 +133,7 @@ class DSparkDraftSpec:
     num_layers: int = 1
     confidence_head: bool = False
     confidence_with_markov: bool = False
+    geometry: AttentionGeometry = TINY
     layout: str = "deepspec"
     """``deepspec``: DeepSpec's release layout; ``dflash``: taps and mask token
     in ``dflash_config``, no embedding or head in the file."""
@@ -126,7 +144,7 @@ class DSparkDraftSpec:
 def dspark_draft_config(spec: DSparkDraftSpec) -> dict:
     if spec.layout not in DRAFT_LAYOUTS:
         raise ValueError(f"layout must be one of {DRAFT_LAYOUTS}, got {spec.layout!r}")
-    config = _qwen3_config_dict(num_layers=spec.num_layers)
+    config = _qwen3_config_dict(spec.num_layers, spec.geometry)
     config.update(
         {
             "architectures": ["Qwen3DSparkModel"],
@@ -153,7 +171,8 @@ def random_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator) * spec.scale
 
-    q_size, kv_size = NUM_HEADS * HEAD_DIM, NUM_KV_HEADS * HEAD_DIM
+    g = spec.geometry
+    q_size, kv_size = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim
     weights: dict[str, torch.Tensor] = {}
     for i in range(spec.num_layers):
         p = f"layers.{i}."
@@ -161,8 +180,8 @@ def random_dspark_weights(spec: DSparkDraftSpec) -> dict[str, torch.Tensor]:
         weights[p + "self_attn.k_proj.weight"] = rand(kv_size, HIDDEN_SIZE)
         weights[p + "self_attn.v_proj.weight"] = rand(kv_size, HIDDEN_SIZE)
         weights[p + "self_attn.o_proj.weight"] = rand(HIDDEN_SIZE, q_size)
-        weights[p + "self_attn.q_norm.weight"] = torch.ones(HEAD_DIM)
-        weights[p + "self_attn.k_norm.weight"] = torch.ones(HEAD_DIM)
+        weights[p + "self_attn.q_norm.weight"] = torch.ones(g.head_dim)
+        weights[p + "self_attn.k_norm.weight"] = torch.ones(g.head_dim)
         weights[p + "input_layernorm.weight"] = torch.ones(HIDDEN_SIZE)
         weights[p + "post_attention_layernorm.weight"] = torch.ones(HIDDEN_SIZE)
         weights[p + "mlp.gate_proj.weight"] = rand(INTERMEDIATE_SIZE, HIDDEN_SIZE)
