@@ -6,8 +6,9 @@ Runs the real vLLM CPU engine (tiny target, random drafts, greedy) and times
 every ``propose()`` call the runner makes, minus the time spent inside the
 draft network (both: context K/V precompute, block forward, logits; DSpark
 also its Markov head). What remains is the proposer's own bookkeeping: input
-preparation, attention metadata, the Markov chain's loop. Only steps where every request of the batch
-is decoding are counted (the steady state), after a warm-up.
+preparation, attention metadata, the Markov chain's loop. Only steps where
+every request of the batch is decoding are counted (the steady state), after a
+warm-up.
 
 It also counts, inside the same steps, the aten ops that wait for the device
 on a GPU (``.item()``, ``nonzero``, boolean-mask indexing, ...; see
