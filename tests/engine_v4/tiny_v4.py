@@ -155,3 +155,122 @@ def save_v4_target(
     save_file(tensors, str(model_dir / "model.safetensors"))
     build_tokenizer(model_dir)
     return model_dir
+
+
+# The ring-reading oracle ------------------------------------------------------------------------
+# Token t's greedy successor is cycle_next(t): ids are grouped in cycles of PERIOD, so every
+# sequence the bigram target writes repeats with that period. The oracle draft predicts slot j by
+# attending to the ring entry exactly PERIOD positions before the slot's own RoPE position; with
+# the block at (a + 1) + j that entry holds the token at a + 1 + j - PERIOD, which equals the token
+# at a + 1 + j, so the draft's lm_head read gives the right next token. Any other phase reads a
+# token one cycle step off and every draft is wrong.
+PERIOD = 5
+_ROPE_PAIRS = 8  # highest-frequency rotary pairs the oracle's queries and keys use
+_CONSTANT = 4.0  # the embedding coordinate every token shares (drives the position-only scores)
+_KEY_GAIN = 13.0  # kv_norm weight on the rotary dims: score gap about 30 nats per position
+_OUTPUT_GAIN = 20.0  # wo_b gain: the attention read outweighs the block token's own embedding
+
+
+def cycle_next(token: int, period: int = PERIOD, vocab_size: int = VOCAB_SIZE) -> int:
+    """The bigram target's greedy successor of ``token``: ids cycle in groups of ``period``
+    (the last, partial group cycles on its own)."""
+    base = period * (token // period)
+    return base + (token - base + 1) % min(period, vocab_size - base)
+
+
+def cycle_prompt(first: int, length: int, period: int = PERIOD) -> list[int]:
+    """``length`` tokens that follow the cycle from ``first``."""
+    tokens = [first]
+    while len(tokens) < length:
+        tokens.append(cycle_next(tokens[-1], period))
+    return tokens
+
+
+def _rotated_pairs(angle_per_pair: list[float], rope_dim: int) -> Tensor:
+    """A rope-dim vector whose interleaved pair i is (cos a_i, sin a_i); later pairs zero."""
+    out = torch.zeros(rope_dim)
+    for i, angle in enumerate(angle_per_pair):
+        out[2 * i], out[2 * i + 1] = math.cos(angle), math.sin(angle)
+    return out
+
+
+def oracle_v4_checkpoint(
+    config: dict = TINY_V4_CONFIG,
+    target_noise: float = 0.0,
+    period: int = PERIOD,
+    seed: int = 0,
+) -> dict[str, Tensor]:
+    """The tiny V4 checkpoint turned into the ring-reading oracle.
+
+    Target: every layer's output projections are scaled by ``target_noise`` (0: the residual
+    stream stays the token's embedding and greedy decoding follows ``cycle_next``; > 0: a
+    context-dependent target that mostly follows it). Draft: stage 0 reads the ring entry PERIOD
+    positions back; everything else in the draft adds nothing (zero outputs, uniform mHC).
+    ``period`` must lie in [k, sliding_window].
+    """
+    ckpt = random_v4_checkpoint(config, seed)
+    H, V, D, rd = (config[k] for k in ("hidden_size", "vocab_size", "head_dim", "qk_rope_head_dim"))
+    heads, groups, o_lora, n = (
+        config[k] for k in ("num_attention_heads", "o_groups", "o_lora_rank", "hc_mult")
+    )
+    g = torch.Generator().manual_seed(seed + 1)
+    embed = torch.randn(V, H, generator=g)
+    embed[:, -1] = _CONSTANT
+    head = torch.zeros(V, H)
+    for token in range(V):
+        head[cycle_next(token, period, V), :-1] = embed[token, :-1]
+    ckpt |= {"embed.weight": embed, "head.weight": head, "norm.weight": torch.ones(H)}
+    for i in range(config["num_hidden_layers"]):
+        for name in list(ckpt):
+            if name.startswith(f"layers.{i}.") and name.endswith(("wo_b.weight", "w2.weight")):
+                ckpt[name] = ckpt[name] * target_noise
+
+    theta = config["rope_theta"]
+    freqs = [theta ** (-2 * i / rd) for i in range(_ROPE_PAIRS)]
+    key_rope = _rotated_pairs([0.0] * _ROPE_PAIRS, rd)
+    query_rope = _rotated_pairs([-period * f for f in freqs], rd)  # key_rope rotated by -period
+    stages = len(config["dspark_target_layer_ids"])
+    for s in range(stages):
+        p = f"mtp.{s}."
+        for name in list(ckpt):
+            if name.startswith(p) and name.endswith(("wo_b.weight", "w2.weight")):
+                ckpt[name] = torch.zeros_like(ckpt[name])
+        for part in ("attn", "ffn"):
+            ckpt[f"{p}hc_{part}_fn"] = torch.zeros_like(ckpt[f"{p}hc_{part}_fn"])
+            ckpt[f"{p}hc_{part}_base"] = torch.zeros_like(ckpt[f"{p}hc_{part}_base"])
+        ckpt[p + "attn_norm.weight"] = torch.ones(H)
+    last = f"mtp.{stages - 1}."
+    ckpt[last + "hc_head_fn"] = torch.zeros(n, n * H)
+    ckpt[last + "hc_head_base"] = torch.zeros(n)
+    ckpt[last + "norm.weight"] = torch.ones(H)
+    ckpt[last + "markov_head.markov_w1.weight"] = torch.zeros_like(
+        ckpt[last + "markov_head.markov_w1.weight"]
+    )
+
+    p = "mtp.0."
+    eye = torch.eye(H)
+    ckpt[p + "main_proj.weight"] = torch.cat([eye, torch.zeros(H, (stages - 1) * H)], dim=1)
+    ckpt[p + "main_norm.weight"] = torch.ones(H)
+    wkv = torch.zeros(D, H)
+    wkv[: H - 1, : H - 1] = torch.eye(H - 1)
+    wkv[D - rd :, H - 1] = key_rope
+    kv_norm = torch.ones(D)
+    kv_norm[D - rd :] = _KEY_GAIN
+    wq_b = torch.zeros(heads * D, H)
+    for h in range(heads):
+        wq_b[h * D + D - rd : (h + 1) * D, H - 1] = query_rope
+    wo_a = torch.zeros(groups * o_lora, heads // groups * D)
+    wo_a[: H - 1, : H - 1] = torch.eye(H - 1)  # group 0, head 0, non-rotary dims
+    wo_b = torch.zeros(H, groups * o_lora)
+    wo_b[: H - 1, : H - 1] = _OUTPUT_GAIN * torch.eye(H - 1)
+    ckpt |= {
+        p + "attn.wq_a.weight": eye,
+        p + "attn.q_norm.weight": torch.ones(H),
+        p + "attn.wq_b.weight": wq_b,
+        p + "attn.wkv.weight": wkv,
+        p + "attn.kv_norm.weight": kv_norm,
+        p + "attn.attn_sink": torch.full((heads,), -30.0),
+        p + "attn.wo_a.weight": wo_a,
+        p + "attn.wo_b.weight": wo_b,
+    }
+    return ckpt
