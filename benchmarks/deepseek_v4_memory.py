@@ -150,10 +150,9 @@ def loaded_draft_bytes(config: dict) -> int:
     """Parameter bytes of the draft as the proposer builds it, on the meta device."""
     import vllm.model_executor.kernels.linear as linear_kernels
     import vllm.model_executor.layers.quantization.mxfp4 as mxfp4
+    from tests.engine_v4.draft_build import build_draft, v4_vllm_config
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
     from vllm.platforms import current_platform
-
-    from tests.engine_v4.draft_build import build_draft, v4_vllm_config
 
     if current_platform.is_cpu():
         linear_kernels.is_supported_and_can_implement_kernel = lambda *args, **kwargs: (True, None)
@@ -192,7 +191,8 @@ def main() -> None:
     print(f"  loaded / shipped            : {loaded / shipped:.4f}")
     for max_num_seqs in (16, 256):
         size = ring_bytes(V4_FLASH_CONFIG, max_num_seqs)
-        print(f"  ring, max_num_seqs={max_num_seqs:<3d}      : {size:>15,d}  ({size / 2**20:.1f} MiB)")
+        label = f"ring, max_num_seqs={max_num_seqs}"
+        print(f"  {label:<28s}: {size:>15,d}  ({size / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def tiny_v4_models(tmp_path_factory: pytest.TempPathFactory) -> TinyV4:
     missing = standins.missing_cpp_ops()
     if missing:
         pytest.skip(
-            "this CPU's vLLM extension lacks the DeepSeek-V4 ops " + ", ".join(missing)
+            "this CPU's vLLM extension lacks the DeepSeek-V4 ops "
+            + ", ".join(missing)
             + " (built for AVX512-BF16 hosts only)"
         )
     standins.install_triton_standins()

@@ -11,8 +11,12 @@ def _batch(seed: int, num_reqs: int, block_size: int):
     rng = random.Random(seed)
     query_lens = [rng.randrange(1, 9) for _ in range(num_reqs)]
     prefix_lens = [rng.randrange(0, 40) for _ in range(num_reqs)]
-    query_start_loc = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
-    seq_lens = torch.tensor([p + q for p, q in zip(prefix_lens, query_lens)], dtype=torch.int32)
+    query_start_loc = torch.tensor(
+        [0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32
+    )
+    seq_lens = torch.tensor(
+        [p + q for p, q in zip(prefix_lens, query_lens, strict=True)], dtype=torch.int32
+    )
     block_table = torch.randint(0, 100, (num_reqs, 64 // block_size + 2), dtype=torch.int32)
     replay_start = torch.tensor([rng.randrange(0, 6) for _ in range(num_reqs)], dtype=torch.int32)
     return query_start_loc, seq_lens, block_table, replay_start
@@ -43,9 +47,21 @@ def test_swa_indices_and_lens_match_the_kernel_loop():
         indices = torch.full((num_tokens, 1, width), 99, dtype=torch.int32)
         lens = torch.full((num_tokens,), 99, dtype=torch.int32)
         standins.SWAIndicesAndLens()(
-            indices, lens, window, width, lens, lens, query_start_loc, seq_lens,
-            token_req.int(), valid, block_table, block_size, replay_start,
-            num_tokens=num_tokens, token_offset=0,
+            indices,
+            lens,
+            window,
+            width,
+            lens,
+            lens,
+            query_start_loc,
+            seq_lens,
+            token_req.int(),
+            valid,
+            block_table,
+            block_size,
+            replay_start,
+            num_tokens=num_tokens,
+            token_offset=0,
         )
         for t in range(num_tokens):
             if not valid[t]:
@@ -58,8 +74,10 @@ def test_swa_indices_and_lens_match_the_kernel_loop():
             length = pos + 1 - start
             assert int(lens[t]) == length
             want = [
-                int(block_table[r, (start + i) // block_size]) * block_size + (start + i) % block_size
-                if i < length else -1
+                int(block_table[r, (start + i) // block_size]) * block_size
+                + (start + i) % block_size
+                if i < length
+                else -1
                 for i in range(width)
             ]
             assert indices[t, 0].tolist() == want

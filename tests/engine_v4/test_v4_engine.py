@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from benchmarks.host_syncs import HostSyncRecorder
 from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 
@@ -20,12 +21,25 @@ def cycle_prompts(lengths: list[int]) -> list[list[int]]:
     return [cycle_prompt(10 + PERIOD * i, n) for i, n in enumerate(lengths)]
 
 
-def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models):
+def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models, monkeypatch):
     """The oracle's drafts are right only if slot j attends to the ring entry PERIOD positions
-    before its own RoPE position (reference notes section 6.3): then every draft is accepted."""
+    before its own RoPE position (reference notes section 6.3): then every draft is accepted.
+    The V4 draft step (ring write, draft, Markov chain) makes no host-syncing op."""
+    from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+
+    syncs: list[str] = []
+    step = BlockDrafter.step
+
+    def recorded_step(self, *args, **kwargs):
+        with HostSyncRecorder() as recorder:
+            output = step(self, *args, **kwargs)
+        syncs.extend(recorder.syncs)
+        return output
+
     prompts = cycle_prompts([7, 12, 31, 9])
     max_tokens = [24, 40, 17, 33]
     plain = run_v4(tiny_v4_models.oracle, prompts, max_tokens, max_num_seqs=4)
+    monkeypatch.setattr(BlockDrafter, "step", recorded_step)
     run = run_v4(tiny_v4_models.oracle, prompts, max_tokens, dspark(K), max_num_seqs=4)
 
     assert run.token_ids == plain.token_ids
@@ -33,6 +47,7 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models)
     assert run.accepted == run.drafted
     drafts = run.metrics["vllm:spec_decode_num_drafts"]
     assert run.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"] == [drafts] * K
+    assert syncs == []
 
 
 def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
@@ -44,8 +59,10 @@ def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
     monkeypatch.setattr(drafter, "BLOCK_START_OFFSET", drafter.BLOCK_START_OFFSET - 1)
     run = run_v4(tiny_v4_models.oracle, prompts, [20, 20], dspark(K), max_num_seqs=2)
 
-    assert run.token_ids == {0: cycle_prompt(prompts[0][-1], 21)[1:], 1: cycle_prompt(
-        prompts[1][-1], 21)[1:]}
+    assert run.token_ids == {
+        0: cycle_prompt(prompts[0][-1], 21)[1:],
+        1: cycle_prompt(prompts[1][-1], 21)[1:],
+    }
     assert run.drafted > 0 and run.accepted == 0
 
 
@@ -55,7 +72,9 @@ def test_greedy_output_is_lossless_under_churn(tiny_v4_models):
     rng = random.Random(0)
     lengths = [240, 245, 7, 250, 12, 236, 150]
     prompts = [
-        cycle_prompt(10 + PERIOD * i, n) if i % 2 == 0 else [rng.randrange(5, 1000) for _ in range(n)]
+        cycle_prompt(10 + PERIOD * i, n)
+        if i % 2 == 0
+        else [rng.randrange(5, 1000) for _ in range(n)]
         for i, n in enumerate(lengths)
     ]
     max_tokens = [30, 40, 24, 36, 40, 28, 25]

@@ -6,8 +6,8 @@ import torch
 from tests.engine_v4 import tiny_v4
 from tests.engine_v4.draft_build import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
-    DSparkCheckpointError,
     DeepSeekV4DSparkConfig,
+    DSparkCheckpointError,
     expected_draft_names,
     load_deepseek_v4_draft,
 )
@@ -46,7 +46,8 @@ def test_every_parameter_is_loaded_from_its_tensor(model, vllm_config, checkpoin
     o_lora = tiny_v4.TINY_V4_CONFIG["o_lora_rank"]
     expect = {
         stage0 + "attn.fused_wqa_wkv.weight": [
-            checkpoint["mtp.0.attn.wq_a.weight"], checkpoint["mtp.0.attn.wkv.weight"]
+            checkpoint["mtp.0.attn.wq_a.weight"],
+            checkpoint["mtp.0.attn.wkv.weight"],
         ],
         stage0 + "ffn.shared_experts.gate_up_proj.weight": [
             checkpoint["mtp.0.ffn.shared_experts.w1.weight"],
@@ -85,7 +86,9 @@ def test_any_missing_draft_tensor_fails_by_name(model, vllm_config, checkpoint):
 def test_unknown_and_gapped_draft_tensors_fail_by_name(model, vllm_config, checkpoint):
     hf_config = vllm_config.speculative_config.draft_model_config.hf_config
     extra = {**checkpoint, "mtp.0.ffn.shared_experts.w4.weight": checkpoint["norm.weight"]}
-    with pytest.raises(DSparkCheckpointError, match="unknown .*mtp.0.ffn.shared_experts.w4.weight"):
+    with pytest.raises(
+        DSparkCheckpointError, match=r"unknown .*mtp\.0\.ffn\.shared_experts\.w4\.weight"
+    ):
         load_deepseek_v4_draft(model, extra.items(), hf_config)
     gapped = {**checkpoint, "mtp.3.norm.weight": checkpoint["norm.weight"]}
     with pytest.raises(DSparkCheckpointError, match="contiguous"):

@@ -1,4 +1,4 @@
-"""Drive a real vLLM engine step by step over token-id prompts, with aborts, and read its counters."""
+"""Drive a real vLLM engine step by step over token-id prompts, with aborts; read its counters."""
 
 import gc
 from dataclasses import dataclass

@@ -129,6 +129,16 @@ class DSparkRingProposer(EagleProposer):
                 f"dspark_options.window={self.options.window} conflicts with the "
                 f"draft's own sliding window of {backbone.window}; drop the option."
             )
+        cache_config = self.vllm_config.cache_config
+        if cache_config.enable_prefix_caching and cache_config.block_size < backbone.window:
+            # A hit recomputes at least one block (V1's EAGLE replay boundary); the ring
+            # of a request starting from a hit then holds fewer than W positions.
+            logger.warning(
+                "KV block size %d is shorter than the DSpark window %d: after a prefix-cache "
+                "hit the draft sees only the recomputed tail (lower acceptance, same output).",
+                cache_config.block_size,
+                backbone.window,
+            )
         ring = ContextRing(
             num_slots=self._slot_table.capacity + 1,
             window=backbone.window,

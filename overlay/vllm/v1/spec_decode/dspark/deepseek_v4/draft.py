@@ -20,7 +20,9 @@ def is_deepseek_v4_dspark(hf_config: PretrainedConfig) -> bool:
     )
 
 
-def build_deepseek_v4_draft_model(vllm_config: VllmConfig, prefix: str = "dspark") -> DSparkDraftModel:
+def build_deepseek_v4_draft_model(
+    vllm_config: VllmConfig, prefix: str = "dspark"
+) -> DSparkDraftModel:
     """Validates the config and builds the draft (inside ``set_current_vllm_config``, on the
     target device, with vLLM's tensor-parallel group initialised). The V4 confidence head reads
     ``[dense ; W1[prev]]`` (``H + r`` inputs) and has no bias."""
