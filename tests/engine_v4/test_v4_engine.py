@@ -7,6 +7,7 @@ the proposer reads the draft from the target checkpoint's own ``mtp.*`` tensors.
 import random
 
 import pytest
+import torch
 
 from benchmarks.host_syncs import HostSyncRecorder
 from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
@@ -15,6 +16,16 @@ from tests.engine_v4.v4_harness import dspark, run_v4
 pytestmark = pytest.mark.engine
 
 K = 4
+
+
+class StepSyncRecorder(HostSyncRecorder):
+    """``HostSyncRecorder`` minus ``repeat_interleave`` by a constant (its output shape is known
+    without reading the device; vLLM's rotary repeats cos/sin that way)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func == torch.ops.aten.repeat_interleave.self_int:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
 
 def cycle_prompts(lengths: list[int]) -> list[list[int]]:
@@ -31,7 +42,7 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models,
     step = BlockDrafter.step
 
     def recorded_step(self, *args, **kwargs):
-        with HostSyncRecorder() as recorder:
+        with StepSyncRecorder() as recorder:
             output = step(self, *args, **kwargs)
         syncs.extend(recorder.syncs)
         return output
@@ -47,7 +58,7 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models,
     assert run.accepted == run.drafted
     drafts = run.metrics["vllm:spec_decode_num_drafts"]
     assert run.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"] == [drafts] * K
-    assert syncs == []
+    assert sorted(set(syncs)) == []
 
 
 def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
