@@ -47,7 +47,7 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models,
         syncs.extend(recorder.syncs)
         return output
 
-    prompts = cycle_prompts([7, 12, 31, 9])
+    prompts = cycle_prompts([40, 45, 64, 50])
     max_tokens = [24, 40, 17, 33]
     plain = run_v4(tiny_v4_models.oracle, prompts, max_tokens, max_num_seqs=4)
     monkeypatch.setattr(BlockDrafter, "step", recorded_step)
@@ -66,7 +66,7 @@ def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
     reads a token one cycle step off, so nothing it drafts is accepted, and output is unchanged."""
     from vllm.v1.spec_decode.dspark import drafter
 
-    prompts = cycle_prompts([7, 12])
+    prompts = cycle_prompts([40, 45])
     monkeypatch.setattr(drafter, "BLOCK_START_OFFSET", drafter.BLOCK_START_OFFSET - 1)
     run = run_v4(tiny_v4_models.oracle, prompts, [20, 20], dspark(K), max_num_seqs=2)
 

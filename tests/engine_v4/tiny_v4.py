@@ -163,8 +163,9 @@ def save_v4_target(
 # attending to the ring entry exactly PERIOD positions before the slot's own RoPE position; with
 # the block at (a + 1) + j that entry holds the token at a + 1 + j - PERIOD, which equals the token
 # at a + 1 + j, so the draft's lm_head read gives the right next token. Any other phase reads a
-# token one cycle step off and every draft is wrong.
-PERIOD = 5
+# token one cycle step off and every draft is wrong. The period is longer than a step's k + 1 rows,
+# so the entries read were written steps earlier: a request reading another's slot fails.
+PERIOD = 37
 _ROPE_PAIRS = 8  # highest-frequency rotary pairs the oracle's queries and keys use
 _CONSTANT = 4.0  # the embedding coordinate every token shares (drives the position-only scores)
 _KEY_GAIN = 13.0  # kv_norm weight on the rotary dims: score gap about 30 nats per position
