@@ -175,6 +175,38 @@ class TinyEngine:
             self._forward_rows,
         )
 
+    def generate_stepwise(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        abort: dict[int, int] | None = None,
+    ) -> EngineRun:
+        """Greedy, stepping the engine by hand so that requests can be aborted:
+        ``abort`` maps a prompt index to the number of generated tokens after
+        which it is aborted (its tokens are what it had by then). All prompts
+        are queued at once, so more prompts than ``max_num_seqs`` wait."""
+        from vllm import SamplingParams
+
+        engine = self.llm.llm_engine
+        before = self.metrics()
+        started = time.perf_counter()
+        for index, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+            params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+            engine.add_request(str(index), {"prompt_token_ids": prompt}, params)
+        tokens: dict[int, list[int]] = {}
+        pending = dict(abort or {})
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                tokens[int(output.request_id)] = list(output.outputs[0].token_ids)
+            due = [i for i, after in pending.items() if len(tokens.get(i, ())) >= after]
+            if due:
+                engine.abort_request([str(index) for index in due])
+                for index in due:
+                    del pending[index]
+        seconds = time.perf_counter() - started
+        token_ids = [tokens.get(index, []) for index in range(len(prompts))]
+        return EngineRun(token_ids, seconds, counter_increments(self.metrics(), before))
+
     def close(self) -> None:
         del self.llm
         gc.collect()
