@@ -29,8 +29,14 @@ from dspark_demo import tiny_models
 
 SCHEDULERS = {
     "off": {},
-    "threshold-0.2": {"confidence_scheduler": "threshold", "confidence_threshold": 0.2},
-    "hardware": {"confidence_scheduler": "hardware", "step_rate_curve": "1:100,8:80,32:50"},
+    "threshold-0.2": {
+        "dspark_confidence_scheduler": "threshold",
+        "dspark_confidence_threshold": 0.2,
+    },
+    "hardware": {
+        "dspark_confidence_scheduler": "hardware",
+        "dspark_step_rate_curve": "1:100,8:80,32:50",
+    },
 }
 K = 4
 

@@ -31,11 +31,9 @@ class EngineRun:
         return list(self.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"])
 
 
-def dspark_config(draft: Path, k: int = 4, **options: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {"method": "dspark", "model": str(draft), "num_speculative_tokens": k}
-    if options:
-        config["dspark_options"] = options
-    return config
+def dspark_config(draft: Path, k: int = 4, **fields: Any) -> dict[str, Any]:
+    """A DSpark speculative config; ``fields`` are further SpeculativeConfig fields."""
+    return {"method": "dspark", "model": str(draft), "num_speculative_tokens": k, **fields}
 
 
 def run_engine(

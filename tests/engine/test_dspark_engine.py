@@ -95,7 +95,7 @@ def drafts_alone_and_crowded(tiny, tmp_path: Path):
         tiny.random_target,
         CONTAMINATION_PROMPTS,
         CONTAMINATION_MAX_TOKENS,
-        dspark_config(tiny.random_draft, draft_log=str(crowded_log)),
+        dspark_config(tiny.random_draft, dspark_draft_log=str(crowded_log)),
         **CROWDED,
     )
     assert crowded.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
@@ -109,7 +109,7 @@ def drafts_alone_and_crowded(tiny, tmp_path: Path):
             tiny.random_target,
             [prompt],
             max_tokens,
-            dspark_config(tiny.random_draft, draft_log=str(log)),
+            dspark_config(tiny.random_draft, dspark_draft_log=str(log)),
             **ALONE,
         )
         alone_drafts[str(index)] = read_draft_log(log)["0"]

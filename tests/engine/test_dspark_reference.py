@@ -138,7 +138,7 @@ def test_incremental_ring_drafts_equal_full_recompute(tiny, tmp_path):
         tiny.random_target,
         prompts,
         [30, 24, 36],
-        dspark_config(tiny.random_draft, draft_log=str(log)),
+        dspark_config(tiny.random_draft, dspark_draft_log=str(log)),
         max_num_seqs=3,
         max_num_batched_tokens=16,
     )

@@ -35,6 +35,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 )
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
+from vllm.v1.spec_decode.dspark.markov import position_sampler
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
@@ -64,7 +65,11 @@ class DSparkRingProposer(EagleProposer):
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
         self._runner = runner
-        self.options = DSparkOptions.from_dict(self.speculative_config.dspark_options)
+        self.options = DSparkOptions.from_config(
+            self.speculative_config,
+            async_scheduling=vllm_config.scheduler_config.async_scheduling,
+            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        )
         self._slot_table = SlotTable(self.max_batch_size)
         self._slot_buffer = CpuGpuBuffer(
             self.max_batch_size, dtype=torch.int64, device=device, with_numpy=True
@@ -75,11 +80,6 @@ class DSparkRingProposer(EagleProposer):
         self.model: DSparkDraftModel | None = None
         self._drafter: BlockDrafter | None = None
         self._draft_token_lengths: torch.Tensor | None = None
-        if self.speculative_config.draft_sample_method != "greedy":
-            logger.warning(
-                "DSpark drafts are greedy on V1; draft_sample_method=%r has no effect.",
-                self.speculative_config.draft_sample_method,
-            )
 
     # Slot table: the seed's API --------------------------------------------
     @property
@@ -112,7 +112,7 @@ class DSparkRingProposer(EagleProposer):
         model.share_target(target_model)
         if self.options.scheduling.needs_confidence and model.confidence_head is None:
             raise ValueError(
-                f"dspark_options.confidence_scheduler="
+                f"dspark_confidence_scheduler="
                 f"{self.options.scheduling.scheduler!r} needs a draft with a "
                 f"confidence head; '{self.draft_model_config.model}' has none."
             )
@@ -121,8 +121,8 @@ class DSparkRingProposer(EagleProposer):
         backbone = model.backbone
         if self.options.window not in (None, backbone.window):
             raise ValueError(
-                f"dspark_options.window={self.options.window} conflicts with the "
-                f"draft's own sliding window of {backbone.window}; drop the option."
+                f"dspark_window={self.options.window} conflicts with the "
+                f"draft's own sliding window of {backbone.window}; drop the field."
             )
         ring = ContextRing(
             num_slots=self._slot_table.capacity + 1,
@@ -141,6 +141,8 @@ class DSparkRingProposer(EagleProposer):
             sample_from_anchor=getattr(
                 self.draft_model_config.hf_config, "sample_from_anchor", True
             ),
+            draft_topk=self.options.draft_topk,
+            markov_bias_gathered=model.markov_head.apply_bias_gathered,
         )
         ring_mib = ring.values.numel() * ring.values.element_size() / 2**20
         logger.info(
@@ -288,7 +290,12 @@ class DSparkRingProposer(EagleProposer):
             next_token_ids[:num_requests],
             num_speculative_tokens,
             with_confidence=self.options.scheduling.needs_confidence,
+            sample=position_sampler(
+                self.options.probabilistic, sampling_metadata, self.use_fp64_gumbel
+            ),
         )
+        # Read by the runner (take_last_draft_probs) for rejection sampling.
+        self._last_draft_probs = output.probs
         if output.confidence is not None:
             # A fresh tensor each step: the runner may still be copying the last.
             self._draft_token_lengths = schedule_lengths(
