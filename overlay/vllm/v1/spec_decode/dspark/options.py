@@ -25,10 +25,10 @@ RING_PROPOSER_UNSUPPORTED: Mapping[str, str] = {
 
 
 def refuse_unsupported_fields(speculative_config, unsupported: Mapping[str, str]) -> None:
-    """Raise naming the first field of ``unsupported`` that is set (not None/False)."""
+    """Raise naming the first field of ``unsupported`` that is set (not None, False or "auto")."""
     for name, why in unsupported.items():
         value = getattr(speculative_config, name, None)
-        if value is not None and value is not False:
+        if value not in (None, False, "auto"):
             raise ValueError(
                 f"speculative_config.{name}={value!r} is not supported by DSpark on vLLM's "
                 f"V1 model runner: {why}. Remove {name}."
