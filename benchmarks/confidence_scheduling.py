@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.confidence_scheduling [--repeats 3] [--concurrency 1 4 8]
 
-Runs the same prompts with DSpark and the confidence scheduler off, threshold
-and hardware, alternating the schedulers within each repeat (machines here are
+Runs the same prompts with DSpark and the confidence scheduler off,
+survival_threshold and hardware, alternating the schedulers within each repeat (machines here are
 noisy), and prints per scheduler and concurrency: median generated tokens/s,
 tau (tokens per verify step), drafts verified per step, and the ratio of
 tokens/s to `off`. The draft is the tiny bigram pair with a confidence head
@@ -29,8 +29,8 @@ from dspark_demo import tiny_models
 
 SCHEDULERS = {
     "off": {},
-    "threshold-0.2": {
-        "dspark_confidence_scheduler": "threshold",
+    "survival-0.2": {
+        "dspark_confidence_scheduler": "survival_threshold",
         "dspark_confidence_threshold": 0.2,
     },
     "hardware": {

@@ -8,6 +8,7 @@ settings are typed ``dspark_*`` fields that this project's patch adds to
 span several fields are checked here.
 """
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -20,8 +21,36 @@ RING_PROPOSER_UNSUPPORTED: Mapping[str, str] = {
     "vLLM's paged KV cache",
     "use_local_argmax_reduction": "the Markov chain corrects the full-vocabulary logits of "
     "every position, so there is no vocab-parallel argmax to reduce",
+    "moe_backend": "DSpark drafts do not run vLLM's fused MoE layers",
+    "max_model_len": "the draft's context ring covers the target's max_model_len",
 }
 """Upstream fields the ring proposer refuses when set, with the reason."""
+
+DEEPSEEK_V4_UNSUPPORTED: Mapping[str, str] = {
+    "quantization": "the DeepSeek-V4 draft layers are built unquantized in the draft's dtype",
+}
+"""Further fields refused for DeepSeek-V4 drafts (Qwen3 drafts honour ``quantization``)."""
+
+
+OTHER_METHODS_FIELDS = (
+    "suffix_decoding_max_tree_depth",
+    "suffix_decoding_max_cached_requests",
+    "suffix_decoding_max_spec_factor",
+    "suffix_decoding_min_token_prob",
+)
+"""Settings of the suffix proposer: refused when they differ from their default. (vLLM resets
+``prompt_lookup_*`` to 0 for every other method before any proposer sees them.)"""
+
+
+def refuse_other_methods_fields(speculative_config) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(speculative_config)}
+    for name in OTHER_METHODS_FIELDS:
+        value = getattr(speculative_config, name)
+        if value != defaults[name]:
+            raise ValueError(
+                f"speculative_config.{name}={value!r} belongs to another speculative method "
+                f"and has no effect with method='dspark'. Remove {name}."
+            )
 
 
 def refuse_unsupported_fields(speculative_config, unsupported: Mapping[str, str]) -> None:
@@ -64,6 +93,13 @@ class DSparkOptions:
     ) -> "DSparkOptions":
         """Read and cross-check the fields; raise naming the field on conflict."""
         refuse_unsupported_fields(speculative_config, unsupported)
+        refuse_other_methods_fields(speculative_config)
+        if speculative_config.enforce_eager is False:
+            raise ValueError(
+                "speculative_config.enforce_eager=False is not supported by DSpark on vLLM's V1 "
+                "model runner: the draft always runs eagerly (no CUDA graphs are captured for "
+                "it). Remove enforce_eager."
+            )
         if (
             speculative_config.draft_sample_method == "probabilistic"
             and speculative_config.rejection_sample_method != "standard"

@@ -36,7 +36,11 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.markov import position_sampler
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
+from vllm.v1.spec_decode.dspark.options import (
+    DEEPSEEK_V4_UNSUPPORTED,
+    RING_PROPOSER_UNSUPPORTED,
+    DSparkOptions,
+)
 from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
@@ -65,10 +69,14 @@ class DSparkRingProposer(EagleProposer):
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
         self._runner = runner
+        unsupported = dict(RING_PROPOSER_UNSUPPORTED)
+        if self._family == "deepseek_v4":
+            unsupported.update(DEEPSEEK_V4_UNSUPPORTED)
         self.options = DSparkOptions.from_config(
             self.speculative_config,
             async_scheduling=vllm_config.scheduler_config.async_scheduling,
             target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+            unsupported=unsupported,
         )
         self._slot_table = SlotTable(self.max_batch_size)
         self._slot_buffer = CpuGpuBuffer(

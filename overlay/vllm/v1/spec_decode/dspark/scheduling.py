@@ -230,7 +230,9 @@ class ConfidenceScheduleConfig:
         return cls(
             scheduler=scheduler,  # type: ignore[arg-type]
             threshold=threshold,
-            step_rate_curve=None if step_rate_curve is None else StepRateCurve.parse(step_rate_curve),
+            step_rate_curve=None
+            if step_rate_curve is None
+            else StepRateCurve.parse(step_rate_curve),
             early_stop=True if early_stop is None else early_stop,
         )
 
