@@ -5,7 +5,10 @@ so its refusal is checked here on the config the engine would build."""
 
 import copy
 import dataclasses
+import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -196,3 +199,35 @@ def test_every_speculative_config_field_is_accounted_for():
     classified = HONOURED | REFUSED_HERE | RESET_BY_VLLM | REFUSED_BY_VLLM | INTERNAL | OWN
     assert fields - classified == set(), "classify the new field(s) for DSpark"
     assert classified - fields == set()
+
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = sorted((REPO / "recipe" / "profiles").glob("*.yaml"))
+
+
+def load_profile(path: Path):
+    """The launcher's own profile reader (launch/ is not a package on the test path)."""
+    sys.path.insert(0, str(REPO / "launch"))
+    try:
+        from dspark_launch.profile import load_profile as load
+    finally:
+        sys.path.remove(str(REPO / "launch"))
+    return load(path)
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_recipe_profiles_use_only_fields_that_work(speculative_config, path):
+    """The speculative config each profile's launch builds, applied to the tiny DSpark config
+    (the draft checkpoint aside) with the profile's async scheduling: DSpark accepts all of it."""
+    profile = load_profile(path)
+    serialized = profile.speculative.config_json()
+    if serialized is None:
+        pytest.skip("no speculative decoding in this profile")
+    fields = json.loads(serialized)
+    assert fields.pop("method") == "dspark"
+    fields.pop("model", None)
+    known = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+    assert set(fields) <= known - REFUSED_HERE - REFUSED_BY_VLLM - RESET_BY_VLLM - INTERNAL
+    async_scheduling = "--async-scheduling" in profile.serve_args
+    read = options(speculative_config, async_scheduling=async_scheduling, **fields)
+    assert read.probabilistic == (fields.get("draft_sample_method") == "probabilistic")
