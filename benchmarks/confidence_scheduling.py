@@ -67,7 +67,7 @@ def measure(target: Path, draft: Path, options: dict, concurrency: int, max_toke
             "method": "dspark",
             "model": str(draft),
             "num_speculative_tokens": K,
-            "dspark_options": options,
+            **options,
         },
     )
     prompts = [f"w{17 * i % 990} w{31 * i % 990} w{7 * i % 990}" for i in range(concurrency * 2)]
