@@ -36,8 +36,9 @@ different verify shapes and deadlock in collectives). Two layers make the length
 2. In vLLM's V1 engine the lengths only take effect through the engine-core scheduler: the draft
    lists are read back from a single worker (TP rank 0 of the last pipeline stage) and the
    scheduler sends the same per-request draft counts to every rank in `SchedulerOutput`
-   (confidence scheduling is refused with async scheduling, see `options.py`). A rank never truncates its own verify rows,
-   so even confidences that differ in the last bit across ranks cannot make the shapes diverge.
+   (confidence scheduling is refused with async scheduling, see `options.py`). A rank never
+   truncates its own verify rows, so even confidences that differ in the last bit across ranks
+   cannot make the shapes diverge.
 """
 
 import math
