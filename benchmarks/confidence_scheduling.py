@@ -2,8 +2,8 @@
 
     .venv/bin/python -m benchmarks.confidence_scheduling [--repeats 3] [--concurrency 1 4 8]
 
-Runs the same prompts with DSpark and the confidence scheduler off, threshold
-and hardware, alternating the schedulers within each repeat (machines here are
+Runs the same prompts with DSpark and the confidence scheduler off,
+survival_threshold and hardware, alternating the schedulers within each repeat (machines here are
 noisy), and prints per scheduler and concurrency: median generated tokens/s,
 tau (tokens per verify step), drafts verified per step, and the ratio of
 tokens/s to `off`. The draft is the tiny bigram pair with a confidence head
@@ -29,8 +29,14 @@ from dspark_demo.engine import ENGINE_ENV
 
 SCHEDULERS = {
     "off": {},
-    "threshold-0.2": {"confidence_scheduler": "threshold", "confidence_threshold": 0.2},
-    "hardware": {"confidence_scheduler": "hardware", "step_rate_curve": "1:100,8:80,32:50"},
+    "survival-0.2": {
+        "dspark_confidence_scheduler": "survival_threshold",
+        "dspark_confidence_threshold": 0.2,
+    },
+    "hardware": {
+        "dspark_confidence_scheduler": "hardware",
+        "dspark_step_rate_curve": "1:100,8:80,32:50",
+    },
 }
 K = 4
 
@@ -61,7 +67,7 @@ def measure(target: Path, draft: Path, options: dict, concurrency: int, max_toke
             "method": "dspark",
             "model": str(draft),
             "num_speculative_tokens": K,
-            "dspark_options": options,
+            **options,
         },
     )
     prompts = [f"w{17 * i % 990} w{31 * i % 990} w{7 * i % 990}" for i in range(concurrency * 2)]

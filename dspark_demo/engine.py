@@ -48,11 +48,9 @@ class EngineUnavailable(RuntimeError):
     """vLLM refused the speculative method (e.g. dspark without dspark-vllm)."""
 
 
-def dspark_config(draft: Path, k: int = 4, **options: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {"method": "dspark", "model": str(draft), "num_speculative_tokens": k}
-    if options:
-        config["dspark_options"] = options
-    return config
+def dspark_config(draft: Path, k: int = 4, **fields: Any) -> dict[str, Any]:
+    """A DSpark speculative config; ``fields`` are further SpeculativeConfig fields."""
+    return {"method": "dspark", "model": str(draft), "num_speculative_tokens": k, **fields}
 
 
 @dataclass
@@ -263,7 +261,7 @@ def counter_increments(after: dict[str, Any], before: dict[str, Any]) -> dict[st
 
 
 def read_draft_log(path: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """``dspark_options.draft_log`` records by request (prompt index) and anchor
+    """``dspark_draft_log`` records by request (prompt index) and anchor
     position. The engine suffixes request ids (``"3-9a1b"``); the prefix is the
     prompt's index in the ``generate`` call."""
     by_request: dict[str, dict[int, dict[str, Any]]] = collections.defaultdict(dict)

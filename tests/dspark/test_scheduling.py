@@ -1,8 +1,7 @@
-"""Confidence schedulers: configuration, the three rules, exhaustive search, determinism."""
+"""Confidence schedulers: configuration, the four rules, exhaustive search, determinism."""
 
 import dataclasses
 import itertools
-import json
 
 import numpy as np
 import pytest
@@ -11,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm.v1.spec_decode.dspark.scheduling import (
-    SCHEDULING_KEYS,
     ConfidenceScheduleConfig,
     StepRateCurve,
     hardware_lengths,
     schedule_lengths,
     survival,
+    survival_threshold_lengths,
     threshold_lengths,
 )
 
@@ -52,23 +51,25 @@ def brute_force(conf: list[list[float]], curve: StepRateCurve) -> tuple[float, l
 
 
 # --- configuration -------------------------------------------------------------------------------
+# Types and ranges of the dspark_confidence_* fields are checked by pydantic in SpeculativeConfig
+# (tests/dspark/test_options.py); here: the rules that span fields.
+
+
+def from_fields(**fields) -> ConfidenceScheduleConfig:
+    return ConfidenceScheduleConfig.from_fields(**fields)
 
 
 def test_default_is_off_and_needs_no_confidence():
-    for options in (None, {}, {"window": 8, "record_drafts": True}):
-        config = ConfidenceScheduleConfig.from_options(options)
-        assert config == ConfidenceScheduleConfig()
-        assert config.scheduler == "off"
-        assert not config.needs_confidence
+    config = from_fields()
+    assert config == ConfidenceScheduleConfig()
+    assert config.scheduler == "off"
+    assert not config.needs_confidence
 
 
-def test_reads_the_documented_command_line_example():
-    speculative_config = json.loads(
-        '{"method":"dspark","num_speculative_tokens":4,"dspark_options":'
-        '{"confidence_scheduler":"threshold","confidence_threshold":0.3,"window":128}}'
-    )
-    config = ConfidenceScheduleConfig.from_options(speculative_config["dspark_options"])
-    assert config.scheduler == "threshold"
+@pytest.mark.parametrize("scheduler", ["threshold", "survival_threshold"])
+def test_threshold_schedulers_read_tau(scheduler):
+    config = from_fields(scheduler=scheduler, threshold=0.3)
+    assert config.scheduler == scheduler
     assert config.threshold == 0.3
     assert config.needs_confidence
 
@@ -83,14 +84,10 @@ def test_reads_the_documented_command_line_example():
     ],
 )
 def test_hardware_options_accept_string_and_mapping_curves(curve):
-    config = ConfidenceScheduleConfig.from_options(
-        {"confidence_scheduler": "hardware", "step_rate_curve": curve, "hardware_early_stop": False}
-    )
+    config = from_fields(scheduler="hardware", step_rate_curve=curve, early_stop=False)
     assert config.step_rate_curve == StepRateCurve(((1, 40.0), (8, 35.0), (32, 20.0)))
     assert config.early_stop is False
-    assert ConfidenceScheduleConfig.from_options(
-        {"confidence_scheduler": "hardware", "step_rate_curve": curve}
-    ).early_stop
+    assert from_fields(scheduler="hardware", step_rate_curve=curve).early_stop
 
 
 def test_config_is_frozen():
@@ -98,26 +95,20 @@ def test_config_is_frozen():
         ConfidenceScheduleConfig().scheduler = "threshold"  # type: ignore[misc]
 
 
-HW = {"confidence_scheduler": "hardware"}
+HW = {"scheduler": "hardware"}
 
 
 INVALID_OPTIONS = [
-    ({"confidence_scheduler": "auto"}, "'confidence_scheduler'] = 'auto'.*'off', 'threshold'"),
-    ({"confidence_scheduler": 1}, "'confidence_scheduler'] = 1 is invalid"),
-    ({"confidence_threshold": 0.3}, "only applies with confidence_scheduler='threshold'"),
-    ({"confidence_scheduler": "threshold"}, "'threshold' needs dspark_options"),
+    ({"scheduler": "auto"}, "dspark_confidence_scheduler = 'auto'.*'off', 'threshold'"),
+    ({"threshold": 0.3}, "only applies with dspark_confidence_scheduler='threshold' or"),
+    ({"scheduler": "threshold"}, "'threshold' needs dspark_confidence_threshold"),
+    ({"scheduler": "survival_threshold"}, "needs dspark_confidence_threshold"),
     (
-        {"confidence_scheduler": "threshold", "confidence_threshold": 1.5},
-        r"'confidence_threshold'\] = 1.5 is invalid: expected a number in \[0, 1\]",
+        {"scheduler": "threshold", "threshold": 1.5},
+        r"dspark_confidence_threshold = 1.5 is invalid: expected a number in \[0, 1\]",
     ),
-    (
-        {"confidence_scheduler": "threshold", "confidence_threshold": -0.1},
-        r"= -0.1 is invalid",
-    ),
-    ({"confidence_scheduler": "threshold", "confidence_threshold": "0.3"}, "= '0.3' is"),
-    ({"confidence_scheduler": "threshold", "confidence_threshold": True}, "= True is"),
-    (HW, "'hardware' needs dspark_options\\['step_rate_curve'\\], e.g. '1:40"),
-    ({"step_rate_curve": "1:40"}, "only applies with confidence_scheduler='hardware'"),
+    (HW, "'hardware' needs dspark_step_rate_curve, e.g. '1:40"),
+    ({"step_rate_curve": "1:40"}, "only applies with dspark_confidence_scheduler='hardware'"),
     ({**HW, "step_rate_curve": "1:40,1:30"}, "= '1:40,1:30' is invalid.*each token count once"),
     ({**HW, "step_rate_curve": "1:0"}, "= '1:0' is invalid.*rates > 0"),
     ({**HW, "step_rate_curve": "1:nan"}, "= '1:nan' is invalid.*finite rates"),
@@ -128,10 +119,7 @@ INVALID_OPTIONS = [
     ({**HW, "step_rate_curve": {}}, "= {} is invalid.*at least one"),
     ({**HW, "step_rate_curve": {"1.5": 40}}, r"= \{'1.5': 40\} is invalid"),
     ({**HW, "step_rate_curve": [[1, 40]]}, r"= \[\[1, 40\]\] is invalid"),
-    ({**HW, "step_rate_curve": "1:40", "hardware_early_stop": "no"}, "= 'no' is invalid"),
-    ({"hardware_early_stop": False}, "'hardware_early_stop'\\] only applies with"),
-    ({"confidence_sheduler": "threshold"}, r"Unknown dspark_options \['confidence_sheduler'\]"),
-    ({"step_rate_curves": "1:40"}, r"Unknown dspark_options \['step_rate_curves'\]"),
+    ({"early_stop": False}, "dspark_hardware_early_stop only applies with"),
 ]
 
 
@@ -140,18 +128,9 @@ INVALID_OPTIONS = [
     INVALID_OPTIONS,
     ids=[",".join(f"{key}={value}" for key, value in o.items()) for o, _ in INVALID_OPTIONS],
 )
-def test_invalid_options_are_rejected_with_the_key_and_value(options, message):
+def test_invalid_options_are_rejected_with_the_field_and_value(options, message):
     with pytest.raises(ValueError, match=message):
-        ConfidenceScheduleConfig.from_options(options)
-
-
-def test_scheduling_keys_are_the_documented_ones():
-    assert SCHEDULING_KEYS == (
-        "confidence_scheduler",
-        "confidence_threshold",
-        "step_rate_curve",
-        "hardware_early_stop",
-    )
+        from_fields(**options)
 
 
 def test_step_rate_curve_lookup():
@@ -180,7 +159,38 @@ def test_survival_is_the_sequential_float32_product():
     torch.testing.assert_close(survival(conf).double(), reference, rtol=1e-6, atol=0)
 
 
-def reference_threshold(row: list[float], tau: float) -> int:
+def reference_deepspec_threshold(row: list[float], tau: float) -> int:
+    """DeepSpec's `_confident_prefix_length`: the index of the first confidence below tau."""
+    below = [np.float32(c) < np.float32(tau) for c in row]
+    return below.index(True) if any(below) else len(row)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    conf=st.integers(1, 6).flatmap(
+        lambda k: st.lists(
+            st.lists(st.floats(0.0, 1.0, width=32), min_size=k, max_size=k), min_size=1, max_size=5
+        )
+    ),
+    tau=st.floats(0.0, 1.0),
+)
+def test_threshold_is_deepspecs_rule(conf, tau):
+    lengths = threshold_lengths(conf_tensor(conf), tau)
+    assert lengths.dtype == torch.int32
+    assert lengths.tolist() == [reference_deepspec_threshold(row, tau) for row in conf]
+
+
+def test_threshold_compares_each_confidence_not_the_product():
+    # Every confidence is 0.6 >= 0.4: DeepSpec verifies all four; the running product
+    # (0.6, 0.36, ...) falls below 0.4 at the second position.
+    conf = conf_tensor([[0.6, 0.6, 0.6, 0.6], [0.9, 0.3, 1.0, 1.0], [0.4, 0.4, 0.39, 1.0]])
+    assert threshold_lengths(conf, 0.4).tolist() == [4, 1, 2]
+    assert survival_threshold_lengths(conf, 0.4).tolist() == [1, 1, 1]
+    # tau = 0 verifies everything, as DeepSpec's "threshold <= 0: full block".
+    assert threshold_lengths(conf, 0.0).tolist() == [4, 4, 4]
+
+
+def reference_survival_threshold(row: list[float], tau: float) -> int:
     """Largest n with S_j >= tau for all j < n (float32 arithmetic, as the module)."""
     reach, n = np.float32(1.0), 0
     for c in row:
@@ -200,28 +210,28 @@ def reference_threshold(row: list[float], tau: float) -> int:
     ),
     tau=st.floats(0.0, 1.0),
 )
-def test_threshold_matches_the_definition(conf, tau):
-    lengths = threshold_lengths(conf_tensor(conf), tau)
+def test_survival_threshold_matches_the_definition(conf, tau):
+    lengths = survival_threshold_lengths(conf_tensor(conf), tau)
     assert lengths.dtype == torch.int32
-    assert lengths.tolist() == [reference_threshold(row, tau) for row in conf]
+    assert lengths.tolist() == [reference_survival_threshold(row, tau) for row in conf]
 
 
-def test_threshold_edges():
+def test_survival_threshold_edges():
     conf = conf_tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 1.0], [0.5, 0.5, 1.0], [1.0, 0.999, 1.0]])
     # tau = 0: every survival is >= 0, so every request verifies all k drafts, zeros included.
-    assert threshold_lengths(conf, 0.0).tolist() == [3, 3, 3, 3]
+    assert survival_threshold_lengths(conf, 0.0).tolist() == [3, 3, 3, 3]
     # tau = 1: only positions reached with certainty.
-    assert threshold_lengths(conf, 1.0).tolist() == [3, 0, 0, 1]
+    assert survival_threshold_lengths(conf, 1.0).tolist() == [3, 0, 0, 1]
     # A survival equal to tau is kept; the first one below stops the request.
-    assert threshold_lengths(conf, 0.25).tolist() == [3, 0, 3, 3]
-    assert threshold_lengths(conf, 0.5).tolist() == [3, 0, 1, 3]
+    assert survival_threshold_lengths(conf, 0.25).tolist() == [3, 0, 3, 3]
+    assert survival_threshold_lengths(conf, 0.5).tolist() == [3, 0, 1, 3]
     # Zero confidence at position 0 verifies nothing for any tau > 0.
-    assert threshold_lengths(conf_tensor([[0.0, 1.0]]), 1e-9).tolist() == [0]
+    assert survival_threshold_lengths(conf_tensor([[0.0, 1.0]]), 1e-9).tolist() == [0]
 
 
-def test_threshold_never_resumes_after_a_low_position():
+def test_survival_threshold_never_resumes_after_a_low_position():
     # Non-anticipating: a confident position after a rejected one is not verified.
-    assert threshold_lengths(conf_tensor([[0.9, 0.2, 1.0, 1.0]]), 0.5).tolist() == [1]
+    assert survival_threshold_lengths(conf_tensor([[0.9, 0.2, 1.0, 1.0]]), 0.5).tolist() == [1]
 
 
 # --- the hardware rule -------------------------------------------------------------------------
@@ -334,14 +344,14 @@ def test_ties_go_to_the_lower_request_then_the_lower_position():
     assert hardware_lengths(conf, curve).tolist() == [2, 0]
 
 
-@pytest.mark.parametrize("scheduler", ["threshold", "hardware"])
+@pytest.mark.parametrize("scheduler", ["threshold", "survival_threshold", "hardware"])
 def test_same_inputs_give_bitwise_same_lengths_for_any_thread_count(scheduler):
-    options = {"confidence_scheduler": scheduler}
-    if scheduler == "threshold":
-        options["confidence_threshold"] = 0.3
-    else:
+    options: dict = {"scheduler": scheduler}
+    if scheduler == "hardware":
         options["step_rate_curve"] = "1:900,4096:600,16384:400,32768:200"
-    config = ConfidenceScheduleConfig.from_options(options)
+    else:
+        options["threshold"] = 0.3 if scheduler == "survival_threshold" else 0.5
+    config = from_fields(**options)
     conf = torch.rand(4096, 8, generator=torch.Generator().manual_seed(1))
     threads = torch.get_num_threads()
     try:
@@ -358,14 +368,14 @@ def test_same_inputs_give_bitwise_same_lengths_for_any_thread_count(scheduler):
     assert len(set(results[0][1].tolist())) > 2
 
 
-@pytest.mark.parametrize("scheduler", ["threshold", "hardware"])
+@pytest.mark.parametrize("scheduler", ["threshold", "survival_threshold", "hardware"])
 def test_lengths_follow_their_request_when_the_batch_is_reordered(scheduler):
-    options = {"confidence_scheduler": scheduler}
-    if scheduler == "threshold":
-        options["confidence_threshold"] = 0.4
-    else:
+    options: dict = {"scheduler": scheduler}
+    if scheduler == "hardware":
         options["step_rate_curve"] = "1:100,100:90,200:80"
-    config = ConfidenceScheduleConfig.from_options(options)
+    else:
+        options["threshold"] = 0.4 if scheduler == "survival_threshold" else 0.7
+    config = from_fields(**options)
     generator = torch.Generator().manual_seed(2)
     conf = 0.5 + 0.5 * torch.rand(48, 5, generator=generator)
     # No two survivals tie, so the tie rule cannot decide anything here.
@@ -393,7 +403,9 @@ def test_off_returns_full_length_without_confidences():
 def test_schedule_lengths_dispatches_and_checks_its_inputs():
     conf = conf_tensor([[0.9, 0.8, 0.5], [0.2, 1.0, 1.0]])
     threshold = ConfidenceScheduleConfig(scheduler="threshold", threshold=0.5)
-    assert schedule_lengths(conf, threshold, 3).tolist() == threshold_lengths(conf, 0.5).tolist()
+    assert schedule_lengths(conf, threshold, 3).tolist() == [3, 0]
+    product = ConfidenceScheduleConfig(scheduler="survival_threshold", threshold=0.5)
+    assert schedule_lengths(conf, product, 3).tolist() == [2, 0]
     curve = StepRateCurve.parse("1:40,4:30")
     hardware = ConfidenceScheduleConfig(scheduler="hardware", step_rate_curve=curve)
     assert schedule_lengths(conf, hardware, 3).tolist() == hardware_lengths(conf, curve).tolist()

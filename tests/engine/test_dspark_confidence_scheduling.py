@@ -44,17 +44,35 @@ def plain(tiny):
     return run_engine(tiny.bigram_target, PROMPTS, MAX_TOKENS, max_num_seqs=4)
 
 
+def survival(tau: float) -> dict:
+    return {"dspark_confidence_scheduler": "survival_threshold", "dspark_confidence_threshold": tau}
+
+
 @pytest.mark.parametrize(
     ("options", "length"),
     [
         ({}, K),  # off: every draft verified
-        ({"confidence_scheduler": "threshold", "confidence_threshold": 0.2}, 2),
-        ({"confidence_scheduler": "threshold", "confidence_threshold": 0.5}, 1),
-        ({"confidence_scheduler": "threshold", "confidence_threshold": 0.9}, 0),
+        # DeepSpec's rule: every confidence is 0.5, so all drafts or none.
+        ({"dspark_confidence_scheduler": "threshold", "dspark_confidence_threshold": 0.2}, K),
+        ({"dspark_confidence_scheduler": "threshold", "dspark_confidence_threshold": 0.5}, K),
+        ({"dspark_confidence_scheduler": "threshold", "dspark_confidence_threshold": 0.6}, 0),
+        # The survival-product rule: survivals 0.5, 0.25, 0.125, 0.0625.
+        (survival(0.2), 2),
+        (survival(0.5), 1),
+        (survival(0.9), 0),
         # A flat step-rate curve: every draft with positive survival pays.
-        ({"confidence_scheduler": "hardware", "step_rate_curve": "1:10"}, K),
+        ({"dspark_confidence_scheduler": "hardware", "dspark_step_rate_curve": "1:10"}, K),
     ],
-    ids=["off", "threshold-0.2", "threshold-0.5", "threshold-0.9", "hardware-flat"],
+    ids=[
+        "off",
+        "threshold-0.2",
+        "threshold-0.5",
+        "threshold-0.6",
+        "survival-0.2",
+        "survival-0.5",
+        "survival-0.9",
+        "hardware-flat",
+    ],
 )
 def test_lengths_follow_the_confidence_and_output_is_lossless(
     tiny, confident_draft, plain, options, length
@@ -86,7 +104,11 @@ def test_a_falling_step_rate_curve_shortens_hardware_lengths(tiny, confident_dra
         tiny.bigram_target,
         PROMPTS,
         MAX_TOKENS,
-        dspark_config(confident_draft, confidence_scheduler="hardware", step_rate_curve="1:10,5:5"),
+        dspark_config(
+            confident_draft,
+            dspark_confidence_scheduler="hardware",
+            dspark_step_rate_curve="1:10,5:5",
+        ),
         max_num_seqs=4,
     )
     assert run.token_ids == plain.token_ids

@@ -86,26 +86,24 @@ def test_an_unexpected_draft_tensor_is_named(tiny, tmp_path):
     assert "layers.0.self_attn.extra_proj" in message
 
 
-def test_the_window_option_is_refused_for_full_attention_drafts(tiny):
-    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, window=64))
-    assert "dspark_options.window does not apply to full-attention DSpark drafts" in message
-
-
 def test_unknown_and_invalid_options_are_refused(tiny):
-    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, windw=64))
-    assert "Unknown dspark_options key(s) ['windw']" in message
+    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, dspark_windw=64))
+    assert "dspark_windw" in message
+    assert "Unexpected keyword argument" in message
     message = startup_error(
         tiny.random_target,
-        dspark_config(tiny.random_draft, confidence_scheduler="threshold"),
+        dspark_config(tiny.random_draft, dspark_confidence_scheduler="threshold"),
     )
-    assert "confidence_threshold" in message
+    assert "dspark_confidence_threshold" in message
 
 
 def test_confidence_scheduling_needs_a_confidence_head(tiny):
     message = startup_error(
         tiny.random_target,
         dspark_config(
-            tiny.random_draft, confidence_scheduler="threshold", confidence_threshold=0.5
+            tiny.random_draft,
+            dspark_confidence_scheduler="threshold",
+            dspark_confidence_threshold=0.5,
         ),
     )
     assert "needs a draft with a confidence head" in message

@@ -71,7 +71,9 @@ def first_drafts(tiny, draft: Path, target: Path, prompts: list[str], tmp_path: 
     drafts = []
     for index, prompt in enumerate(prompts):
         log = tmp_path / f"first-{draft.name}-{index}.jsonl"
-        run_engine(target, [prompt], 2, dspark_config(draft, draft_log=str(log)), max_num_seqs=1)
+        run_engine(
+            target, [prompt], 2, dspark_config(draft, dspark_draft_log=str(log)), max_num_seqs=1
+        )
         by_anchor = only_request(log)
         drafts.append(by_anchor[min(by_anchor)])
     return drafts
@@ -135,7 +137,7 @@ def test_k_below_the_block_drafts_the_full_block_and_verifies_its_start(tiny, tm
             tiny.random_target,
             prompts,
             30,
-            dspark_config(tiny.random_draft, k=k, draft_log=str(logs[k])),
+            dspark_config(tiny.random_draft, k=k, dspark_draft_log=str(logs[k])),
             max_num_seqs=4,
         )
         assert len(run.accepted_per_position) == k
@@ -161,7 +163,7 @@ def second_turn_drafts(tiny, tmp_path: Path, name: str, caching: bool, between=N
     log = tmp_path / f"{name}.jsonl"
     with TinyEngine(
         tiny.random_target,
-        dspark_config(tiny.random_draft, draft_log=str(log)),
+        dspark_config(tiny.random_draft, dspark_draft_log=str(log)),
         max_num_seqs=2,
         enable_prefix_caching=caching,
     ) as engine:
@@ -227,14 +229,14 @@ def drafts_alone_and_crowded(tiny, tmp_path: Path):
         tiny.random_target,
         CONTAMINATION_PROMPTS,
         CONTAMINATION_MAX_TOKENS,
-        dspark_config(tiny.random_draft, draft_log=str(crowded_log)),
+        dspark_config(tiny.random_draft, dspark_draft_log=str(crowded_log)),
         **CROWDED,
     )
     assert crowded.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
     alone_drafts = {}
     with TinyEngine(
         tiny.random_target,
-        dspark_config(tiny.random_draft, draft_log=str(tmp_path / "alone.jsonl")),
+        dspark_config(tiny.random_draft, dspark_draft_log=str(tmp_path / "alone.jsonl")),
         **ALONE,
     ) as engine:
         for index, (prompt, max_tokens) in enumerate(
@@ -303,7 +305,7 @@ def test_dflash_layout_drafts_equal_deepspec_layout_drafts(tiny, tmp_path):
             tiny.random_target,
             prompts,
             20,
-            dspark_config(draft, draft_log=str(logs[name])),
+            dspark_config(draft, dspark_draft_log=str(logs[name])),
             max_num_seqs=3,
         )
     deepspec, dflash = (

@@ -152,7 +152,7 @@ def test_paged_drafts_equal_full_recompute(tiny, tmp_path, taps, k):
         tiny.random_target,
         prompts,
         [30, 24, 36],
-        dspark_config(draft_dir, k=k, draft_log=str(log)),
+        dspark_config(draft_dir, k=k, dspark_draft_log=str(log)),
         max_num_seqs=3,
         max_num_batched_tokens=16,
     )

@@ -14,7 +14,12 @@ from typing import Protocol
 import torch
 
 from vllm.v1.spec_decode.dspark.backbone import DSparkBackbone
-from vllm.v1.spec_decode.dspark.markov import markov_chain
+from vllm.v1.spec_decode.dspark.markov import (
+    GatheredBias,
+    PositionSampler,
+    greedy_sample,
+    markov_chain,
+)
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask
 
 # The block starts right after the last valid context position a: the anchor
@@ -49,6 +54,9 @@ class DraftOutput:
     """``[B, k]`` float32 acceptance probabilities, when requested."""
     anchors: torch.Tensor
     """``[B]`` last valid context position of each request."""
+    probs: torch.Tensor | None = None
+    """``[B, k, V]`` distributions of probabilistic drafts (rejection sampling
+    reads them); None for greedy drafts."""
 
 
 class BlockDrafter:
@@ -63,8 +71,14 @@ class BlockDrafter:
         max_position: int,
         max_num_drafts: int,
         sample_from_anchor: bool = True,
+        draft_topk: int | None = None,
+        markov_bias_gathered: GatheredBias | None = None,
     ) -> None:
+        """``draft_topk``: correct only the top-k base logits per position
+        (``dspark_draft_topk``) with ``markov_bias_gathered``."""
         self.backbone = backbone
+        self.draft_topk = draft_topk
+        self.markov_bias_gathered = markov_bias_gathered
         self.heads = heads
         self.ring = ring
         self.scratch_slot = ring.num_slots - 1
@@ -121,8 +135,10 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
+        sample: PositionSampler = greedy_sample,
     ) -> DraftOutput:
-        """Draft ``num_drafts`` tokens per request from its ring."""
+        """Draft ``num_drafts`` tokens per request from its ring; ``sample``
+        picks each position's token (argmax, or drawn for probabilistic drafts)."""
         num_requests = request_slots.shape[0]
         block_length = num_drafts + self.sample_offset
         block_ids = self._block_ids[:num_requests, :block_length]
@@ -144,13 +160,19 @@ class BlockDrafter:
         )
         sampled = slice(self.sample_offset, block_length)
         base_logits = self.heads.compute_logits(logit_hidden[:, sampled])
-        token_ids, markov_embeds = markov_chain(
-            base_logits, anchor_tokens, self.heads.markov_embed, self.heads.markov_bias
+        token_ids, markov_embeds, probs = markov_chain(
+            base_logits,
+            anchor_tokens,
+            self.heads.markov_embed,
+            self.heads.markov_bias,
+            sample=sample,
+            topk=self.draft_topk,
+            markov_bias_gathered=self.markov_bias_gathered,
         )
         confidence = None
         if with_confidence:
             confidence = self.heads.confidence(confidence_hidden[:, sampled], markov_embeds)
-        return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors)
+        return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors, probs=probs)
 
     def step(
         self,
@@ -162,9 +184,12 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
+        sample: PositionSampler = greedy_sample,
     ) -> DraftOutput:
         """Write the step's context, then draft from it."""
         anchors = self.write_context(
             request_slots, target_features, positions, query_start_loc, num_rejected
         )
-        return self.draft(request_slots, anchors, anchor_tokens, num_drafts, with_confidence)
+        return self.draft(
+            request_slots, anchors, anchor_tokens, num_drafts, with_confidence, sample
+        )

@@ -5,11 +5,49 @@ then walks the block left to right, adding ``W2 · W1[previous token]`` to each
 position's logits so that each draft conditions on the one before it. This is
 the only sequential part of a DSpark step and costs one rank-r product per
 position.
+
+Two options change how a position is decided, both from vLLM's speculative
+config and both implemented as upstream's V2 speculator does:
+
+- ``topk`` (``dspark_draft_topk``): the rank-r correction is computed only for
+  the ``topk`` candidates with the largest base logits, picked once per block;
+  every other token gets ``-inf``. When the full computation's argmax is among
+  those candidates the argmax is unchanged (the candidates' corrected logits
+  are the same sums); otherwise the draft differs.
+- ``sample`` (``draft_sample_method="probabilistic"``): each position's token
+  is drawn from its corrected distribution and the next position conditions on
+  the drawn token; the distributions are returned so that rejection sampling
+  can use them.
 """
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
+
+PositionSampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+"""Maps one position's logits ``[B, V]`` to its tokens ``[B]`` and, for
+probabilistic drafts, the distribution they were drawn from ``[B, V]``."""
+
+GatheredBias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""``(markov_embed [B, r], logits [B, V], values [B, topk], index [B, topk])``
+-> ``logits`` with the corrected candidates scattered in (upstream's
+``DSparkMarkovHead.apply_bias_gathered``)."""
+
+
+class MarkovDrafts(NamedTuple):
+    token_ids: torch.Tensor
+    """``[B, n]`` int64 drafts."""
+    markov_embeds: torch.Tensor
+    """``[B, n, r]`` Markov embedding of each position's previous token (the
+    confidence head's input)."""
+    probs: torch.Tensor | None
+    """``[B, n, V]`` float32 distributions the drafts were drawn from, or None
+    for greedy drafts."""
+
+
+def greedy_sample(logits: torch.Tensor) -> tuple[torch.Tensor, None]:
+    return logits.argmax(dim=-1), None
 
 
 def markov_chain(
@@ -17,22 +55,64 @@ def markov_chain(
     anchor_tokens: torch.Tensor,
     markov_embed: Callable[[torch.Tensor], torch.Tensor],
     markov_bias: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy left-to-right chain over ``base_logits`` ``[B, n, V]``.
+    *,
+    sample: PositionSampler = greedy_sample,
+    topk: int | None = None,
+    markov_bias_gathered: GatheredBias | None = None,
+) -> MarkovDrafts:
+    """Left-to-right chain over ``base_logits`` ``[B, n, V]``.
 
     Position j adds the bias of the token before it (the anchor for j = 0) and
-    takes the argmax. Returns the drafts ``[B, n]`` (int64) and the Markov
-    embeddings of each position's previous token ``[B, n, r]``, which the
-    confidence head consumes.
+    lets ``sample`` pick its token. With ``topk`` only the ``topk`` largest base
+    logits of each position are corrected (``markov_bias_gathered``) and the
+    rest of the vocabulary is excluded; ``base_logits`` is then overwritten.
     """
+    if topk is not None and markov_bias_gathered is None:
+        raise ValueError("markov_chain with topk needs markov_bias_gathered.")
     num_positions = base_logits.shape[1]
+    if topk is not None:
+        base_values, candidates = base_logits.topk(topk, dim=-1)
+        # One dense buffer for the whole block; each position scatters its
+        # corrected candidates into its own row.
+        base_logits.fill_(float("-inf"))
     previous = anchor_tokens.long()
-    drafts = []
-    embeds = []
+    drafts, embeds, probs = [], [], []
     for position in range(num_positions):
         embed = markov_embed(previous)
-        logits = base_logits[:, position] + markov_bias(embed)
-        previous = logits.argmax(dim=-1)
+        if topk is None:
+            logits = base_logits[:, position] + markov_bias(embed)
+        else:
+            assert markov_bias_gathered is not None
+            logits = markov_bias_gathered(
+                embed,
+                base_logits[:, position],
+                base_values[:, position],
+                candidates[:, position],
+            )
+        previous, position_probs = sample(logits)
+        previous = previous.long()
         drafts.append(previous)
         embeds.append(embed)
-    return torch.stack(drafts, dim=1), torch.stack(embeds, dim=1)
+        if position_probs is not None:
+            probs.append(position_probs)
+    return MarkovDrafts(
+        torch.stack(drafts, dim=1),
+        torch.stack(embeds, dim=1),
+        torch.stack(probs, dim=1) if probs else None,
+    )
+
+
+def position_sampler(
+    probabilistic: bool, sampling_metadata, use_fp64_gumbel: bool = False
+) -> PositionSampler:
+    """The sampler of V1's other proposers: argmax, or for probabilistic drafts
+    vLLM's ``compute_probs_and_sample_next_token`` (temperature only, greedy
+    rows of a mixed batch take the argmax)."""
+    if not probabilistic or sampling_metadata.all_greedy:
+        return greedy_sample
+    from vllm.v1.spec_decode.llm_base_proposer import compute_probs_and_sample_next_token
+
+    def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return compute_probs_and_sample_next_token(logits, sampling_metadata, use_fp64_gumbel)
+
+    return sample

@@ -46,8 +46,8 @@ from vllm.v1.spec_decode.dspark.block import (
     samples_from_anchor,
     trained_block_size,
 )
-from vllm.v1.spec_decode.dspark.markov import markov_chain
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
+from vllm.v1.spec_decode.dspark.markov import markov_chain, position_sampler
+from vllm.v1.spec_decode.dspark.options import PAGED_PROPOSER_UNSUPPORTED, DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 
 logger = init_logger(__name__)
@@ -99,12 +99,13 @@ class DSparkPagedProposer(DFlashProposer):
         self.method = "dflash"
         self.num_speculative_tokens = k
         self._runner = runner
-        self.options = DSparkOptions.from_dict(speculative_config.dspark_options)
-        if self.options.window is not None:
-            raise ValueError(
-                "dspark_options.window does not apply to full-attention DSpark drafts: their "
-                "context lives in vLLM's paged KV cache. Remove the option."
-            )
+        self.options = DSparkOptions.from_config(
+            speculative_config,
+            async_scheduling=vllm_config.scheduler_config.async_scheduling,
+            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+            unsupported=PAGED_PROPOSER_UNSUPPORTED,
+            draft_runs_eagerly=False,
+        )
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows
         # [max_batch, block] query rows whose hidden states are sampled.
@@ -114,11 +115,6 @@ class DSparkPagedProposer(DFlashProposer):
             + torch.arange(self.num_block_drafts, device=device)[None]
         ).to(torch.int32)
         self._draft_token_lengths: torch.Tensor | None = None
-        if speculative_config.draft_sample_method != "greedy":
-            logger.warning(
-                "DSpark drafts are greedy on V1; draft_sample_method=%r has no effect.",
-                speculative_config.draft_sample_method,
-            )
         if block_size and k < block_size:
             logger.info(
                 "DSpark draft trained with block size %d: drafting the full block, "
@@ -161,7 +157,7 @@ class DSparkPagedProposer(DFlashProposer):
             )
         if self.options.scheduling.needs_confidence and model.model.confidence_head is None:
             raise ValueError(
-                f"dspark_options.confidence_scheduler={self.options.scheduling.scheduler!r} "
+                f"dspark_confidence_scheduler={self.options.scheduling.scheduler!r} "
                 f"needs a draft with a confidence head; '{self.draft_model_config.model}' has "
                 "none (enable_confidence_head and confidence_head.* weights)."
             )
@@ -219,16 +215,22 @@ class DSparkPagedProposer(DFlashProposer):
     def _sample_draft_tokens(
         self, hidden_states: torch.Tensor, sampling_metadata: SamplingMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The Markov chain over the block's first k base logits."""
+        """The Markov chain over the block's first k base logits; with
+        probabilistic drafts, their distributions go to rejection sampling."""
         k = self.num_speculative_tokens
         num_requests = hidden_states.shape[0] // k
         base_logits = self.model.compute_draft_logits(hidden_states)
         anchor_tokens = self.input_ids[self._anchor_rows[:num_requests]]
-        drafts, markov_embeds = markov_chain(
+        drafts, markov_embeds, probs = markov_chain(
             base_logits.view(num_requests, k, -1),
             anchor_tokens,
             self.model.markov_embed,
             self.model.markov_bias,
+            sample=position_sampler(
+                self.options.probabilistic, sampling_metadata, self.use_fp64_gumbel
+            ),
+            topk=self.options.draft_topk,
+            markov_bias_gathered=self.model.apply_markov_bias_gathered,
         )
         if self.options.scheduling.needs_confidence:
             confidence = self.model.compute_confidence(
@@ -238,7 +240,7 @@ class DSparkPagedProposer(DFlashProposer):
             self._draft_token_lengths = schedule_lengths(confidence, self.options.scheduling, k)
         if self.options.draft_log is not None:
             self._log_drafts(anchor_tokens, drafts)
-        return drafts.reshape(-1), None
+        return drafts.reshape(-1), probs
 
     def take_draft_token_lengths(self) -> torch.Tensor | None:
         """Per-request number of drafts to verify, ``[B]`` int32, or None to
@@ -247,7 +249,7 @@ class DSparkPagedProposer(DFlashProposer):
         return lengths
 
     def _log_drafts(self, anchor_tokens: torch.Tensor, drafts: torch.Tensor) -> None:
-        """Debug log (``dspark_options.draft_log``): per request, the last
+        """Debug log (``dspark_draft_log``): per request, the last
         context position before the block, the anchor token and the drafts."""
         num_requests = drafts.shape[0]
         anchor_positions = self.positions[self._anchor_rows[:num_requests]] - 1

@@ -35,7 +35,12 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 )
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
+from vllm.v1.spec_decode.dspark.markov import position_sampler
+from vllm.v1.spec_decode.dspark.options import (
+    DEEPSEEK_V4_UNSUPPORTED,
+    RING_PROPOSER_UNSUPPORTED,
+    DSparkOptions,
+)
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
@@ -69,7 +74,12 @@ class DSparkRingProposer(EagleProposer):
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
         self._runner = runner
-        self.options = DSparkOptions.from_dict(self.speculative_config.dspark_options)
+        self.options = DSparkOptions.from_config(
+            self.speculative_config,
+            async_scheduling=vllm_config.scheduler_config.async_scheduling,
+            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+            unsupported={**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED},
+        )
         self._slot_table = SlotTable(self.max_batch_size)
         self._slot_buffer = CpuGpuBuffer(
             self.max_batch_size, dtype=torch.int64, device=device, with_numpy=True
@@ -80,11 +90,6 @@ class DSparkRingProposer(EagleProposer):
         self.model: DSparkDraftModel | None = None
         self._drafter: BlockDrafter | None = None
         self._draft_token_lengths: torch.Tensor | None = None
-        if self.speculative_config.draft_sample_method != "greedy":
-            logger.warning(
-                "DSpark drafts are greedy on V1; draft_sample_method=%r has no effect.",
-                self.speculative_config.draft_sample_method,
-            )
 
     # Slot table: the seed's API --------------------------------------------
     @property
@@ -117,18 +122,13 @@ class DSparkRingProposer(EagleProposer):
         model.share_target(target_model)
         if self.options.scheduling.needs_confidence and model.confidence_head is None:
             raise ValueError(
-                f"dspark_options.confidence_scheduler="
+                f"dspark_confidence_scheduler="
                 f"{self.options.scheduling.scheduler!r} needs a draft with a "
                 f"confidence head; '{self.draft_model_config.model}' has none."
             )
         self.model = model
 
         backbone = model.backbone
-        if self.options.window not in (None, backbone.window):
-            raise ValueError(
-                f"dspark_options.window={self.options.window} conflicts with the "
-                f"draft's own sliding window of {backbone.window}; drop the option."
-            )
         cache_config = self.vllm_config.cache_config
         if cache_config.enable_prefix_caching and cache_config.block_size < backbone.window:
             # A hit recomputes at least one block (V1's EAGLE replay boundary); the ring
@@ -156,6 +156,8 @@ class DSparkRingProposer(EagleProposer):
             sample_from_anchor=getattr(
                 self.draft_model_config.hf_config, "sample_from_anchor", True
             ),
+            draft_topk=self.options.draft_topk,
+            markov_bias_gathered=model.markov_head.apply_bias_gathered,
         )
         ring_mib = ring.values.numel() * ring.values.element_size() / 2**20
         logger.info(
@@ -272,7 +274,12 @@ class DSparkRingProposer(EagleProposer):
                 next_token_ids[:num_requests],
                 num_speculative_tokens,
                 with_confidence=self.options.scheduling.needs_confidence,
+                sample=position_sampler(
+                    self.options.probabilistic, sampling_metadata, self.use_fp64_gumbel
+                ),
             )
+        # Read by the runner (take_last_draft_probs) for rejection sampling.
+        self._last_draft_probs = output.probs
         if output.confidence is not None:
             # A fresh tensor each step: the runner may still be copying the last.
             self._draft_token_lengths = schedule_lengths(

@@ -2,11 +2,15 @@
 
 DSpark's confidence head predicts `c[b, j]`, the probability that draft position `j` of request `b`
 is accepted given that positions `0..j-1` were. The survival `S[b, j] = c[b, 0] * ... * c[b, j]` is
-then the probability that position `j` is reached and accepted. The schedulers here turn survivals
-into per-request draft lengths, so the target verifies only the drafts that are likely to pay:
+then the probability that position `j` is reached and accepted. The schedulers here turn
+confidences into per-request draft lengths, so the target verifies only the drafts likely to pay:
 
 - `off` (default): every request verifies all `k` drafts; no confidence is needed.
-- `threshold`: the longest prefix whose survivals all stay at or above `tau`.
+- `threshold`: DeepSpec's rule (`deepspec/eval/dspark/draft_ops.py`, `_confident_prefix_length`):
+  truncate at the first position whose confidence is below `tau`. The confidence heads DeepSpec
+  trains are calibrated for this rule.
+- `survival_threshold`: the longest prefix whose survivals all stay at or above `tau` (stricter:
+  with the same `tau` it never verifies more than `threshold`).
 - `hardware`: admit draft slots in order of falling survival while the expected tokens per
   second `E * f(batch_tokens)` grows, where `E = B + sum of admitted survivals` counts the accepted
   drafts plus one bonus (or correction) token per request and `f` is the measured step rate.
@@ -30,10 +34,11 @@ different verify shapes and deadlock in collectives). Two layers make the length
    and the only floating-point reduction is one `cumsum` over the sorted survivals, deterministic
    for a given device kind and library build (the other reductions count integers).
 2. In vLLM's V1 engine the lengths only take effect through the engine-core scheduler: the draft
-   lists (sync scheduling) or the reported lengths (async scheduling) are read back from a single
-   worker (TP rank 0 of the last pipeline stage) and the scheduler sends the same per-request
-   draft counts to every rank in `SchedulerOutput`. A rank never truncates its own verify rows,
-   so even confidences that differ in the last bit across ranks cannot make the shapes diverge.
+   lists are read back from a single worker (TP rank 0 of the last pipeline stage) and the
+   scheduler sends the same per-request draft counts to every rank in `SchedulerOutput`
+   (confidence scheduling is refused with async scheduling, see `options.py`). A rank never
+   truncates its own verify rows, so even confidences that differ in the last bit across ranks
+   cannot make the shapes diverge.
 """
 
 import math
@@ -44,23 +49,15 @@ from typing import Any, Literal, get_args
 
 import torch
 
-SchedulerName = Literal["off", "threshold", "hardware"]
+SchedulerName = Literal["off", "threshold", "survival_threshold", "hardware"]
 SCHEDULERS: tuple[str, ...] = get_args(SchedulerName)
 
-# Keys of `speculative_config.dspark_options` read by this module. The other keys of that dict
-# belong to the proposer; a key with one of `_OWN_PREFIXES` that is not listed here is a typo.
-SCHEDULING_KEYS = (
-    "confidence_scheduler",
-    "confidence_threshold",
-    "step_rate_curve",
-    "hardware_early_stop",
-)
-_OWN_PREFIXES = ("confidence_", "step_rate_", "hardware_")
+_THRESHOLD_SCHEDULERS = ("threshold", "survival_threshold")
 _CURVE_POINT = re.compile(r"^\s*(\d+)\s*:\s*([^:,\s]+)\s*$")
 
 
 def _option_error(key: str, value: object, allowed: str) -> ValueError:
-    return ValueError(f"dspark_options[{key!r}] = {value!r} is invalid: expected {allowed}.")
+    return ValueError(f"dspark_{key} = {value!r} is invalid: expected {allowed}.")
 
 
 @dataclass(frozen=True)
@@ -144,16 +141,19 @@ def _check_curve_points(points: tuple[tuple[int, float], ...], shown: object) ->
             raise _option_error("step_rate_curve", shown, "finite rates > 0 (steps per second)")
 
 
-def _require_only_with(key: str, present: bool, owner: str, scheduler: str, example: str) -> None:
-    """Rejects an option that is missing for its scheduler or set for another one."""
-    if present and scheduler != owner:
+def _require_only_with(
+    key: str, present: bool, owners: tuple[str, ...], scheduler: str, example: str
+) -> None:
+    """Rejects an option that is missing for its schedulers or set for another one."""
+    names = " or ".join(repr(owner) for owner in owners)
+    if present and scheduler not in owners:
         raise ValueError(
-            f"dspark_options[{key!r}] only applies with confidence_scheduler={owner!r}, but the "
-            f"scheduler is {scheduler!r}: remove it, or set confidence_scheduler={owner!r}."
+            f"dspark_{key} only applies with dspark_confidence_scheduler={names}, but the "
+            f"scheduler is {scheduler!r}: remove it, or set dspark_confidence_scheduler={names}."
         )
-    if not present and scheduler == owner:
+    if not present and scheduler in owners:
         raise ValueError(
-            f"confidence_scheduler={owner!r} needs dspark_options[{key!r}], e.g. {example}."
+            f"dspark_confidence_scheduler={scheduler!r} needs dspark_{key}, e.g. {example}."
         )
 
 
@@ -183,7 +183,7 @@ class ConfidenceScheduleConfig:
 
     scheduler: SchedulerName = "off"
     threshold: float | None = None
-    """`tau` of the `threshold` scheduler, a probability in [0, 1]; required by it."""
+    """`tau` of the threshold schedulers, a probability in [0, 1]; required by them."""
     step_rate_curve: StepRateCurve | None = None
     """Steps per second by batch tokens for the `hardware` scheduler; required by it."""
     early_stop: bool = True
@@ -193,14 +193,18 @@ class ConfidenceScheduleConfig:
         if self.scheduler not in SCHEDULERS:
             raise _option_error("confidence_scheduler", self.scheduler, f"one of {SCHEDULERS}")
         _require_only_with(
-            "confidence_threshold", self.threshold is not None, "threshold", self.scheduler, "0.3"
+            "confidence_threshold",
+            self.threshold is not None,
+            _THRESHOLD_SCHEDULERS,
+            self.scheduler,
+            "0.3",
         )
         if self.threshold is not None and not 0.0 <= self.threshold <= 1.0:
             raise _option_error("confidence_threshold", self.threshold, "a number in [0, 1]")
         _require_only_with(
             "step_rate_curve",
             self.step_rate_curve is not None,
-            "hardware",
+            ("hardware",),
             self.scheduler,
             "'1:40,8:35,32:20' (batch tokens: target steps per second)",
         )
@@ -213,38 +217,23 @@ class ConfidenceScheduleConfig:
         return self.scheduler != "off"
 
     @classmethod
-    def from_options(cls, options: Mapping[str, Any] | None) -> "ConfidenceScheduleConfig":
-        """Reads the scheduling keys of `speculative_config.dspark_options`.
-
-        Keys that start with `confidence_`, `step_rate_` or `hardware_` belong to this module and
-        must be one of `SCHEDULING_KEYS`; all other keys belong to the proposer and are skipped.
-        """
-        options = options or {}
-        unknown = sorted(
-            key
-            for key in options
-            if isinstance(key, str) and key.startswith(_OWN_PREFIXES) and key not in SCHEDULING_KEYS
-        )
-        if unknown:
-            raise ValueError(
-                f"Unknown dspark_options {unknown}; confidence scheduling reads {SCHEDULING_KEYS}."
-            )
-        scheduler = options.get("confidence_scheduler", "off")
-        if not isinstance(scheduler, str) or scheduler not in SCHEDULERS:
-            raise _option_error("confidence_scheduler", scheduler, f"one of {SCHEDULERS}")
-        threshold = options.get("confidence_threshold")
-        if threshold is not None:
-            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-                raise _option_error("confidence_threshold", threshold, "a number in [0, 1]")
-            threshold = float(threshold)
-        curve = options.get("step_rate_curve")
-        early_stop = options.get("hardware_early_stop")
+    def from_fields(
+        cls,
+        scheduler: str = "off",
+        threshold: float | None = None,
+        step_rate_curve: "str | Mapping[Any, Any] | StepRateCurve | None" = None,
+        early_stop: bool | None = None,
+    ) -> "ConfidenceScheduleConfig":
+        """From the ``dspark_confidence_*`` speculative-config fields; ``early_stop``
+        None means unset (it may only be set for ``hardware``)."""
         if early_stop is not None:
-            _require_only_with("hardware_early_stop", True, "hardware", scheduler, "false")
+            _require_only_with("hardware_early_stop", True, ("hardware",), scheduler, "false")
         return cls(
-            scheduler=scheduler,
+            scheduler=scheduler,  # type: ignore[arg-type]
             threshold=threshold,
-            step_rate_curve=None if curve is None else StepRateCurve.parse(curve),
+            step_rate_curve=None
+            if step_rate_curve is None
+            else StepRateCurve.parse(step_rate_curve),
             early_stop=True if early_stop is None else early_stop,
         )
 
@@ -273,10 +262,19 @@ def survival(conf: torch.Tensor) -> torch.Tensor:
     return torch.stack(columns, dim=1)
 
 
-def threshold_lengths(conf: torch.Tensor, tau: float) -> torch.Tensor:
-    """Longest prefix with every survival `>= tau`, as int32 [num_reqs] on `conf`'s device."""
-    keep = survival(conf) >= tau
+def _leading_true(keep: torch.Tensor) -> torch.Tensor:
     return keep.to(torch.int32).cumprod(dim=1).sum(dim=1, dtype=torch.int32)
+
+
+def threshold_lengths(conf: torch.Tensor, tau: float) -> torch.Tensor:
+    """DeepSpec's rule: the positions before the first confidence `< tau`, int32 [num_reqs]."""
+    _check_confidence(conf)
+    return _leading_true(conf >= tau)
+
+
+def survival_threshold_lengths(conf: torch.Tensor, tau: float) -> torch.Tensor:
+    """Longest prefix with every survival `>= tau`, as int32 [num_reqs] on `conf`'s device."""
+    return _leading_true(survival(conf) >= tau)
 
 
 def hardware_lengths(
@@ -327,10 +325,13 @@ def schedule_lengths(
             raise ValueError("schedule_lengths needs num_reqs when conf is None.")
         return torch.full((num_reqs,), k, dtype=torch.int32, device=device)
     if conf is None:
-        raise ValueError(f"confidence_scheduler={config.scheduler!r} needs confidences.")
+        raise ValueError(f"dspark_confidence_scheduler={config.scheduler!r} needs confidences.")
     _check_confidence(conf, k)
     if config.scheduler == "threshold":
         assert config.threshold is not None
         return threshold_lengths(conf, config.threshold)
+    if config.scheduler == "survival_threshold":
+        assert config.threshold is not None
+        return survival_threshold_lengths(conf, config.threshold)
     assert config.step_rate_curve is not None
     return hardware_lengths(conf, config.step_rate_curve, config.early_stop)
