@@ -95,6 +95,8 @@ def build_qwen3_target(model_dir: Path, seed: int = 0, kind: str = "random") -> 
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
     model.save_pretrained(str(model_dir), safe_serialization=True)
+    # safetensors writes 0600; a container running as another user must read the mounted model.
+    (model_dir / "model.safetensors").chmod(0o644)
     build_tokenizer(model_dir)
     return model_dir
 
@@ -185,6 +187,7 @@ def save_dspark_draft(
         weights = random_dspark_weights(spec)
     (model_dir / "config.json").write_text(json.dumps(dspark_draft_config(spec), indent=2))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(model_dir / "model.safetensors"))
+    (model_dir / "model.safetensors").chmod(0o644)  # see build_qwen3_target
     build_tokenizer(model_dir)
     return model_dir
 
