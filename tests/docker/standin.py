@@ -178,7 +178,16 @@ def ensure_standin(docker: list[str], work_dir: Path) -> str:
                 run([*docker, "import", *changes, "-", tag], "docker import", stdin=tar.stdout)
         if tar.returncode != 0:
             raise StandinError(f"tar of the stand-in rootfs failed (exit {tar.returncode})")
+    remove_older(docker, tag)
     return tag
+
+
+def remove_older(docker: list[str], tag: str) -> None:
+    """Drop stand-ins of earlier keys: each is a separate 3.7 GB layer."""
+    listing = [*docker, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY]
+    for old in run(listing, "listing stand-in images").stdout.split():
+        if old != tag:  # an image still used by a container stays (rmi refuses it)
+            subprocess.run([*docker, "image", "rm", old], capture_output=True)
 
 
 @contextlib.contextmanager

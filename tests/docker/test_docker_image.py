@@ -40,6 +40,7 @@ PARSE_ONLY_VLLM = Path(__file__).with_name("parse_only_vllm.py")
 # CPU engine settings the rest of the suite uses (tests/engine): V1 runner, small KV cache.
 CPU_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 PROMPT = "w12 w7 w300 w41 w5"
+TEST_REPOSITORY = "dspark-vllm-test"
 
 
 def unavailable(reason: str) -> None:
@@ -150,16 +151,21 @@ def install_step_cached(log: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def images(docker, standin) -> dict[str, str]:
-    """Both Dockerfiles built on the stand-in; spark.Dockerfile second, from the shared cache."""
+def images(docker, standin) -> Iterator[dict[str, str]]:
+    """Both Dockerfiles built on the stand-in; spark.Dockerfile second, from the shared cache.
+    The tags are removed afterwards (BuildKit's cache keeps a rerun's build to seconds)."""
     tags, logs = {}, {}
-    for name in ("blackwell", "spark"):
-        tag = f"dspark-vllm-test:{name}-{standin.rsplit(':', 1)[1]}"
-        result = build(docker, name, standin, tag)
-        assert result.returncode == 0, f"{name} build failed:\n{result.stderr[-6000:]}"
-        tags[name], logs[name] = tag, result.stderr
-    assert install_step_cached(logs["spark"]), "the two Dockerfiles must share the install steps"
-    return tags
+    try:
+        for name in ("blackwell", "spark"):
+            tags[name] = f"{TEST_REPOSITORY}:{name}"
+            result = build(docker, name, standin, tags[name])
+            assert result.returncode == 0, f"{name} build failed:\n{result.stderr[-6000:]}"
+            logs[name] = result.stderr
+        assert install_step_cached(logs["spark"]), "the Dockerfiles must share the install steps"
+        yield tags
+    finally:
+        for tag in (*tags.values(), f"{TEST_REPOSITORY}:edited"):
+            docker("image", "rm", "--force", tag, check=False)
 
 
 def free_port() -> int:
@@ -357,7 +363,9 @@ def test_vllm_in_the_image_accepts_the_launchers_arguments(docker, images, tmp_p
 
 
 def test_release_build_refuses_a_base_without_digest(docker, standin, images):
-    result = build(docker, "blackwell", standin, "dspark-vllm-test:refused", ALLOW_UNPINNED_BASE="")
+    result = build(
+        docker, "blackwell", standin, f"{TEST_REPOSITORY}:refused", ALLOW_UNPINNED_BASE=""
+    )
     assert result.returncode != 0
     assert f"BASE={standin} has no @sha256: digest" in result.stderr
 
@@ -375,7 +383,7 @@ def test_profile_or_healthcheck_edit_keeps_the_install_layer(docker, standin, im
     for edited in ("docker/healthcheck.py", "recipe/profiles/cpu-tiny.yaml"):
         with (context / edited).open("a") as handle:
             handle.write("\n# edited\n")
-    result = build(docker, "blackwell", standin, "dspark-vllm-test:edited", context=context)
+    result = build(docker, "blackwell", standin, f"{TEST_REPOSITORY}:edited", context=context)
     assert result.returncode == 0, result.stderr[-4000:]
     assert install_step_cached(result.stderr), "an edit outside the install inputs re-ran it"
     assert re.search(r"COPY docker/entrypoint.sh docker/healthcheck.py", result.stderr)
