@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Container entrypoint: `vllm serve` with the image's defaults, then the user's own arguments.
+# Container entrypoint: `vllm serve` with the user's arguments, then the image's bind address.
 #
-# The user's arguments are passed on unchanged. `exec` replaces this shell with vLLM, so
-# `docker stop` (SIGTERM) and Ctrl-C (SIGINT) reach vLLM itself. The bind address comes from
-# DSPARK_HOST/DSPARK_PORT (set in the Dockerfile, overridable with -e), not from --host/--port,
-# because the health check reads the same variables to probe the address vLLM binds.
+# The user's arguments come first and unchanged: vLLM wants the model as the first argument after
+# `serve`, and refuses to start otherwise when --served-model-name is given (the launcher always
+# passes it). The bind address is appended from DSPARK_HOST/DSPARK_PORT (set in the Dockerfile,
+# overridable with -e), never taken from --host/--port or a --config file, because the health
+# check reads the same variables to probe the address vLLM binds. `exec` makes vLLM the direct
+# child of tini, the image's PID 1, which forwards `docker stop`'s SIGTERM and Ctrl-C's SIGINT.
 set -euo pipefail
 
 usage_error() {
@@ -19,23 +21,69 @@ run_dir=${DSPARK_RUN_DIR:?DSPARK_RUN_DIR is unset: the image sets it}
 if [[ ! $port =~ ^[0-9]{1,5}$ ]] || ((10#$port < 1 || 10#$port > 65535)); then
     usage_error "DSPARK_PORT='$port' is not a TCP port (1-65535)"
 fi
+# An IPv4 address or host name, or an IPv6 address: anything else is not a bind address, and
+# would reach vLLM's command line (a leading '-' as an option).
+if [[ ! $host =~ ^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$ && ! $host =~ ^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*$ ]]; then
+    usage_error "DSPARK_HOST='$host' is not an IP address or host name; pass -e DSPARK_HOST=ADDRESS"
+fi
 if (($# == 0)); then
     usage_error "no arguments: pass the model and any 'vllm serve' options, for example
     docker run ... IMAGE deepseek-ai/DeepSeek-V4-Flash-0731 --tensor-parallel-size 2"
 fi
 
 # vLLM's parser accepts unambiguous abbreviations (--por 9000 sets the port), so match prefixes.
+refuse_bind_option() {
+    local option=$1 source=$2
+    ((${#option} >= 3)) || return 0
+    if [[ --host == "$option"* || --port == "$option"* ]]; then
+        usage_error "$source: set the bind address with -e DSPARK_HOST=... and -e DSPARK_PORT=...
+    instead, so that the health check probes the address vLLM listens on"
+    fi
+}
+
+# The top-level keys of a `--config` YAML file: vLLM turns each KEY into an option --KEY.
+config_keys() {
+    python3 - "$1" <<'PYTHON'
+import sys
+
+import yaml
+
+path = sys.argv[1]
+try:
+    with open(path) as handle:
+        config = yaml.safe_load(handle)
+except (OSError, yaml.YAMLError) as error:
+    sys.exit(f"dspark entrypoint: --config {path}: cannot read it: {' '.join(str(error).split())}")
+if not isinstance(config, dict):
+    sys.exit(f"dspark entrypoint: --config {path}: not a YAML mapping of option: value")
+print("\n".join(str(key) for key in config))
+PYTHON
+}
+
 headless=false
+config=""
+previous=""
 for arg in "$@"; do
     option=${arg%%=*}
-    ((${#option} >= 3)) || continue
-    if [[ --host == "$option"* || --port == "$option"* ]]; then
-        usage_error "'$arg': set the bind address with -e DSPARK_HOST=... and -e DSPARK_PORT=... instead,
-    so that the health check probes the address vLLM listens on"
-    fi
-    if [[ --headless == "$option"* ]]; then
+    refuse_bind_option "$option" "'$arg'"
+    if [[ --headless == "$option"* && ${#option} -ge 3 ]]; then
         headless=true
     fi
+    if [[ $previous == --config ]]; then
+        config=$arg
+    elif [[ $option == --config && $arg == --config=* ]]; then
+        config=${arg#--config=}
+    fi
+    if [[ -n $config ]]; then
+        keys=$(config_keys "$config") || exit 2
+        while IFS= read -r key; do
+            if [[ -n $key ]]; then
+                refuse_bind_option "--$key" "--config $config sets '$key'"
+            fi
+        done <<<"$keys"
+        config=""
+    fi
+    previous=$arg
 done
 
 # A headless worker starts no API server: the health check reads this marker instead of /health.
@@ -46,4 +94,4 @@ else
     rm -f "$run_dir/headless"
 fi
 
-exec vllm serve --host "$host" --port "$((10#$port))" "$@"
+exec vllm serve "$@" --host "$host" --port "$((10#$port))"

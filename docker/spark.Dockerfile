@@ -1,45 +1,49 @@
 # DSpark vLLM image for NVIDIA DGX Spark: linux/arm64, GB10 GPU (compute capability 12.1, sm_121a),
 # CUDA 13. Build and run: docs/docker.md.
 #
-# Base: the official vLLM OpenAI server image. Its release tags are multi-arch (linux/amd64 and
-# linux/arm64) and, since vLLM 0.20.0, the unsuffixed tag is the CUDA 13.0 build. The vLLM in the
-# tag must be a version recipe/pins.yaml supports; install.py refuses any other, so does the build.
+# No "# syntax=" line on purpose: it makes every build fetch the docker/dockerfile frontend from
+# Docker Hub, so an offline build (CI, air-gapped hosts) fails before its first step. Everything
+# here works with the frontend built into Docker (BuildKit or the classic builder).
 #
-# Updating the base (the digest pins the bytes; the tag alone is mutable):
-#   1. choose a vLLM version listed in recipe/pins.yaml; set BASE_IMAGE's tag and VLLM_VERSION to it;
+# Base: the official vLLM OpenAI server image, named by one full reference. Its release tags are
+# multi-arch (linux/amd64 and linux/arm64) and, since vLLM 0.20.0, the unsuffixed tag is the CUDA
+# 13.0 build. The vLLM in it must be a version recipe/pins.yaml supports; install.py refuses any
+# other, and so does the build. A tag alone is mutable, so the build refuses a BASE without a
+# digest unless ALLOW_UNPINNED_BASE=1 (the CPU stand-in test does that with a local image).
+#
+# Updating the base:
+#   1. choose a vLLM version listed in recipe/pins.yaml; set BASE's tag and VLLM_VERSION to it;
 #   2. docker buildx imagetools inspect vllm/vllm-openai:vX.Y.Z   (the top "Digest:" line);
-#   3. pass that digest as --build-arg BASE_DIGEST=sha256:... (or make it the default below, once a
-#      maintainer has read it from the registry; none was recorded when this file was written).
-ARG BASE_IMAGE=vllm/vllm-openai:v0.33.0
-ARG BASE_DIGEST
+#   3. pass --build-arg BASE=vllm/vllm-openai:vX.Y.Z@sha256:... (or make it the default below, once
+#      a maintainer has read the digest from the registry; none was recorded when this was written).
+ARG BASE=vllm/vllm-openai:v0.33.0
+# The platform of BASE to build on. The CPU stand-in test passes the host's, to build these
+# steps on x86_64; the image it makes is a test artifact, not this target's image.
+ARG BASE_PLATFORM=linux/arm64
 
-# The digest may be the multi-arch index's; --platform then selects its linux/arm64 image.
 # hadolint ignore=DL3029
-FROM --platform=linux/arm64 ${BASE_IMAGE}@${BASE_DIGEST:?required-build-arg-see-docs/docker.md}
+FROM --platform=${BASE_PLATFORM} ${BASE}
 
-ARG BASE_IMAGE
-ARG BASE_DIGEST
-# Must name the vLLM that BASE_IMAGE carries; the build checks it against the installed vLLM.
+ARG BASE
+ARG ALLOW_UNPINNED_BASE=""
+RUN case "${BASE}" in \
+        *@sha256:????????????????????????????????????????????????????????????????) ;; \
+        *) if [ "${ALLOW_UNPINNED_BASE}" != 1 ]; then \
+               echo "BASE=${BASE} has no @sha256: digest; pass --build-arg BASE=IMAGE:TAG@sha256:DIGEST (docs/docker.md)" >&2; \
+               exit 1; \
+           fi ;; \
+    esac
+
+# tini as PID 1 forwards docker stop's SIGTERM to vLLM and reaps its exited worker processes.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends tini \
+    && rm -rf /var/lib/apt/lists/*
+
+# Must name the vLLM that BASE carries; the build checks it against the installed vLLM.
 ARG VLLM_VERSION=0.33.0
-# Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.
-ARG DSPARK_REVISION
-ARG DSPARK_SOURCE=""
 # Optional: when set, the build fails unless the install's digest equals it (docs/docker.md).
 ARG PIN_DIGEST=""
-
-LABEL org.opencontainers.image.title="dspark-vllm for DGX Spark (GB10, arm64)" \
-      org.opencontainers.image.source="${DSPARK_SOURCE}" \
-      org.opencontainers.image.revision="${DSPARK_REVISION:?required-build-arg-see-docs/docker.md}" \
-      org.opencontainers.image.base.name="${BASE_IMAGE}" \
-      org.opencontainers.image.base.digest="${BASE_DIGEST}" \
-      io.github.dspark-vllm.vllm.version="${VLLM_VERSION}" \
-      io.github.dspark-vllm.pin.digest="${PIN_DIGEST}"
-
-# GB10 only: torch extensions, FlashInfer and CuTe DSL JIT-compile for sm_121a. Without
-# CUTE_DSL_ARCH, CuTe DSL falls back to a slow generic path on this GPU.
-ENV TORCH_CUDA_ARCH_LIST="12.1a" \
-    FLASHINFER_CUDA_ARCH_LIST="12.1a" \
-    CUTE_DSL_ARCH="sm_121a"
 
 # JIT caches live under one volume so a recreated container reuses them instead of recompiling.
 ENV VLLM_CACHE_ROOT=/var/cache/dspark/vllm \
@@ -61,25 +65,49 @@ ENV DSPARK_HOST=0.0.0.0 \
     PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
     VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1800
 
+# Only what the install reads comes before it, so that editing a profile, the entrypoint or the
+# health check rebuilds in seconds instead of re-running the install.
 WORKDIR /opt/dspark
 COPY install.py ./
 COPY installer/ installer/
-COPY recipe/ recipe/
+COPY recipe/pins.yaml recipe/
 COPY overlay/ overlay/
 COPY patches/ patches/
-COPY docker/install-and-verify.sh docker/verify_install.py docker/entrypoint.sh docker/healthcheck.py docker/
+COPY docker/install-and-verify.sh docker/verify_install.py docker/
 
 # Patch the image's vLLM and prove it: the image refuses to build unless the install is complete,
-# matches VLLM_VERSION (and PIN_DIGEST if given) and every DSpark module imports. The cache and
-# run directories are group-writable for vLLM's non-root mode (--user 2000:0).
+# matches VLLM_VERSION (and PIN_DIGEST if given) and every DSpark module imports. Every cache
+# directory, including those the verify step's imports just created as root, is made writable
+# for vLLM's non-root mode (--user UID:0), recursively.
 RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
         docker/install-and-verify.sh python3 \
-    && mkdir -p /var/cache/dspark /run/dspark \
-    && chmod g+w /var/cache/dspark /run/dspark
+    && mkdir -p /run/dspark "${VLLM_CACHE_ROOT}" "${TORCHINDUCTOR_CACHE_DIR}" "${TRITON_CACHE_DIR}" \
+        "${FLASHINFER_WORKSPACE_BASE}" "${CUTE_DSL_CACHE_DIR}" "${TILELANG_CACHE_DIR}" \
+        "${TVM_FFI_CACHE_DIR}" "${DG_JIT_CACHE_DIR}" "${CUDA_CACHE_PATH}" \
+    && chmod -R g=u /var/cache/dspark /run/dspark
+
+COPY docker/entrypoint.sh docker/healthcheck.py docker/
+
+# GB10 only: torch extensions, FlashInfer and CuTe DSL JIT-compile for sm_121a. Without
+# CUTE_DSL_ARCH, CuTe DSL falls back to a slow generic path on this GPU.
+ENV TORCH_CUDA_ARCH_LIST="12.1a" \
+    FLASHINFER_CUDA_ARCH_LIST="12.1a" \
+    CUTE_DSL_ARCH="sm_121a"
+
+# Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.
+# Declared last: a new revision must not invalidate the install layer above.
+ARG DSPARK_REVISION
+ARG DSPARK_SOURCE=""
+LABEL org.opencontainers.image.title="dspark-vllm for DGX Spark (GB10, arm64)" \
+      org.opencontainers.image.source="${DSPARK_SOURCE}" \
+      org.opencontainers.image.revision="${DSPARK_REVISION:?required-build-arg-see-docs/docker.md}" \
+      org.opencontainers.image.base.name="${BASE}" \
+      io.github.dspark-vllm.vllm.version="${VLLM_VERSION}" \
+      io.github.dspark-vllm.pin.digest="${PIN_DIGEST}"
 
 VOLUME ["/var/cache/dspark"]
 EXPOSE 8000
 # vLLM can take tens of minutes to load DeepSeek-V4-Flash and warm up its kernels.
 HEALTHCHECK --interval=30s --timeout=10s --start-period=40m --retries=3 \
     CMD ["python3", "/opt/dspark/docker/healthcheck.py"]
-ENTRYPOINT ["/opt/dspark/docker/entrypoint.sh"]
+ENTRYPOINT ["/usr/bin/tini", "--", "/opt/dspark/docker/entrypoint.sh"]

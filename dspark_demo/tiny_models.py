@@ -116,6 +116,8 @@ def build_qwen3_target(
                 layer.self_attn.o_proj.weight.zero_()
                 layer.mlp.down_proj.weight.zero_()
     model.save_pretrained(str(model_dir), safe_serialization=True)
+    # safetensors writes 0600; a container running as another user must read the mounted model.
+    (model_dir / "model.safetensors").chmod(0o644)
     build_tokenizer(model_dir)
     return model_dir
 
@@ -219,6 +221,7 @@ def save_dspark_draft(
         weights["lm_head.weight"] = target_weights["lm_head.weight"]
     (model_dir / "config.json").write_text(json.dumps(dspark_draft_config(spec), indent=2))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(model_dir / "model.safetensors"))
+    (model_dir / "model.safetensors").chmod(0o644)  # see build_qwen3_target
     build_tokenizer(model_dir)
     return model_dir
 

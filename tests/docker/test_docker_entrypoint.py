@@ -4,12 +4,15 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 from dockerfiles import REPO
+from launcher_args import rendered_ranks
 
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
+PARSE_ONLY_VLLM = REPO / "tests" / "docker" / "parse_only_vllm.py"
 
 # Records its argv and pid, then waits for SIGTERM and reports it: stands in for `vllm`.
 FAKE_VLLM = """#!/usr/bin/env python3
@@ -42,9 +45,10 @@ def fake_vllm(tmp_path):
     return env, tmp_path
 
 
-def run_entrypoint(env, *args):
+def run_entrypoint(env, *args, timeout=30):
+    command = [str(ENTRYPOINT), *args]
     return subprocess.run(
-        [str(ENTRYPOINT), *args], env=env, capture_output=True, text=True, timeout=30, check=False
+        command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -52,7 +56,7 @@ def recorded(tmp_path):
     return json.loads((tmp_path / "record.json").read_text())
 
 
-def test_defaults_first_then_user_arguments_verbatim(fake_vllm):
+def test_user_arguments_first_verbatim_then_the_bind_address(fake_vllm):
     env, tmp_path = fake_vllm
     user_args = [
         "deepseek-ai/DeepSeek-V4-Flash-0731",
@@ -66,15 +70,15 @@ def test_defaults_first_then_user_arguments_verbatim(fake_vllm):
     ]
     result = run_entrypoint(env, *user_args)
     assert result.returncode == 0, result.stderr
-    defaults = ["serve", "--host", "0.0.0.0", "--port", "8000"]
-    assert recorded(tmp_path)["argv"] == [*defaults, *user_args]
+    bind = ["--host", "0.0.0.0", "--port", "8000"]
+    assert recorded(tmp_path)["argv"] == ["serve", *user_args, *bind]
 
 
 def test_bind_address_comes_from_the_environment(fake_vllm):
     env, tmp_path = fake_vllm
     result = run_entrypoint({**env, "DSPARK_HOST": "10.0.0.7", "DSPARK_PORT": "08888"}, "model")
     assert result.returncode == 0, result.stderr
-    assert recorded(tmp_path)["argv"] == ["serve", "--host", "10.0.0.7", "--port", "8888", "model"]
+    assert recorded(tmp_path)["argv"] == ["serve", "model", "--host", "10.0.0.7", "--port", "8888"]
 
 
 # Each would move vLLM's bind address away from where the health check probes.
@@ -107,15 +111,43 @@ def test_bind_flags_are_refused_with_the_fix(fake_vllm, serve_parser, flag):
     assert not (tmp_path / "record.json").exists(), "vllm must not start"
 
 
-def test_vllm_parses_the_defaults_and_keeps_user_options(fake_vllm, serve_parser):
+@pytest.fixture
+def parse_only_vllm(fake_vllm):
+    """The entrypoint's environment with vLLM's real CLI as `vllm`, parsing instead of serving."""
     env, tmp_path = fake_vllm
-    user_args = ["my/model", "--max-num-seqs", "6", "--headless", "--nnodes", "2"]
-    assert run_entrypoint({**env, "DSPARK_PORT": "8888"}, *user_args).returncode == 0
-    argv = recorded(tmp_path)["argv"]
-    assert argv[0] == "serve"
-    parsed = serve_parser.parse_args(argv[1:])
-    assert (parsed.model_tag, parsed.host, parsed.port) == ("my/model", "0.0.0.0", 8888)
-    assert (parsed.max_num_seqs, parsed.headless, parsed.nnodes) == (6, True, 2)
+    shim = tmp_path / "bin" / "vllm"
+    shim.write_text(f"#!{sys.executable}\n" + PARSE_ONLY_VLLM.read_text())
+    return env
+
+
+def parsed_by_vllm(env, *args) -> dict:
+    result = run_entrypoint(env, *args, timeout=300)  # imports vLLM's whole CLI
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("PARSED ")]
+    return json.loads(line.removeprefix("PARSED "))
+
+
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_vllm_serve_accepts_the_launchers_arguments(parse_only_vllm, tmp_path, role):
+    """What the launcher passes to each rank's container, through the entrypoint, into vLLM's own
+    `vllm serve` parser. With the bind flags first, vLLM refused this list (the model must be the
+    first argument when --served-model-name is given)."""
+    serve_args, rank_env = rendered_ranks(tmp_path / "launch", api_port=8888)[role]
+    assert "--served-model-name" in serve_args
+    env = {**parse_only_vllm, **{k: v for k, v in rank_env.items() if k.startswith("DSPARK_")}}
+    parsed = parsed_by_vllm(env, *serve_args)
+    assert parsed["model_tag"] == serve_args[0]
+    assert parsed["served_model_name"] == [serve_args[serve_args.index("--served-model-name") + 1]]
+    assert (parsed["host"], parsed["port"]) == (rank_env["DSPARK_HOST"], 8888)
+    assert parsed["headless"] == (role == "worker")
+
+
+def test_vllm_serve_reads_a_config_file_after_the_entrypoint(parse_only_vllm, tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-num-seqs: 6\nserved-model-name: tiny\n")
+    parsed = parsed_by_vllm(parse_only_vllm, "my/model", "--config", str(config))
+    assert (parsed["model_tag"], parsed["max_num_seqs"]) == ("my/model", 6)
+    assert (parsed["served_model_name"], parsed["port"]) == (["tiny"], 8000)
 
 
 @pytest.mark.parametrize("port", ["0", "65536", "80a", ""])
@@ -133,6 +165,52 @@ def test_no_arguments_is_a_usage_error(fake_vllm):
     assert result.returncode == 2
     assert "pass the model" in result.stderr
     assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize(
+    "yaml_text", ["port: 9000\n", "host: 10.9.9.9\n", "por: 9000\n", "'port': 1\nmax-num-seqs: 2\n"]
+)
+@pytest.mark.parametrize("form", ["separate", "joined"])
+def test_bind_keys_in_a_config_file_are_refused(fake_vllm, serve_parser, tmp_path, yaml_text, form):
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml_text)
+    flags = ["--config", str(config)] if form == "separate" else [f"--config={config}"]
+    if form == "separate":  # the form vLLM expands (it ignores --config=FILE)
+        parsed = serve_parser.parse_args(["model", *flags])
+        assert (parsed.host, parsed.port) != (None, 8000), "vLLM would bind elsewhere"
+    env, _ = fake_vllm
+    result = run_entrypoint(env, "model", *flags)
+    assert result.returncode == 2
+    assert "--config" in result.stderr and "DSPARK_PORT" in result.stderr
+    assert not (tmp_path / "record.json").exists(), "vllm must not start"
+
+
+@pytest.mark.parametrize("yaml_text", ["[1, 2]\n", "a: [\n"])
+def test_unreadable_config_file_is_a_one_line_error(fake_vllm, tmp_path, yaml_text):
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml_text)
+    env, _ = fake_vllm
+    result = run_entrypoint(env, "model", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"dspark entrypoint: --config {config}: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize("host", ["", "-h", "--help", "a b", "10.0.0.1;id", "host_name", "é"])
+def test_bad_bind_host_is_refused(fake_vllm, host):
+    env, tmp_path = fake_vllm
+    result = run_entrypoint({**env, "DSPARK_HOST": host}, "model")
+    assert result.returncode != 0
+    assert "DSPARK_HOST" in result.stderr
+    assert not (tmp_path / "record.json").exists()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::", "::1", "fe80::1", "spark-a.lan", "localhost"])
+def test_bind_hosts_are_accepted(fake_vllm, host):
+    env, tmp_path = fake_vllm
+    assert run_entrypoint({**env, "DSPARK_HOST": host}, "model").returncode == 0
+    assert recorded(tmp_path)["argv"][-4:] == ["--host", host, "--port", "8000"]
 
 
 def test_headless_marker_follows_the_arguments(fake_vllm, serve_parser):
