@@ -1,14 +1,14 @@
 """Upstream's speculative-config fields on the V1 DSpark path: honoured, or refused at start-up
 naming the field. Each "honoured" test fails when the proposer ignores its field."""
 
-import gc
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from engine_harness import ENGINE_DEFAULTS, dspark_config, read_draft_log, run_engine
 from test_dspark_config_errors import startup_error
+
+from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -20,13 +20,9 @@ def run_recording_rejection(
     target: Path, speculative_config: dict[str, Any], temperature: float
 ) -> tuple[list[list[int]], list[dict[str, torch.Tensor | None]]]:
     """Generate, recording what vLLM's rejection sampler receives at every verify step."""
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(model=str(target), speculative_config=speculative_config, **ENGINE_DEFAULTS)
     calls: list[dict[str, torch.Tensor | None]] = []
-    try:
-        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
-        sampler = runner.model_runner.rejection_sampler
+    with TinyEngine(target, speculative_config) as engine:
+        sampler = engine.model_runner.rejection_sampler
         forward = sampler.forward
 
         def recording_forward(metadata, draft_probs, logits, sampling_metadata):
@@ -39,14 +35,7 @@ def run_recording_rejection(
             return forward(metadata, draft_probs, logits, sampling_metadata)
 
         sampler.forward = recording_forward
-        params = SamplingParams(
-            temperature=temperature, seed=0, max_tokens=MAX_TOKENS, ignore_eos=True
-        )
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-        return [list(o.outputs[0].token_ids) for o in outputs], calls
-    finally:
-        del llm
-        gc.collect()
+        return engine.generate(PROMPTS, MAX_TOKENS, temperature).token_ids, calls
 
 
 # --- draft_sample_method --------------------------------------------------------------------------
