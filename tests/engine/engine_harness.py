@@ -44,9 +44,12 @@ def run_engine(
     max_tokens: list[int] | int,
     speculative_config: dict[str, Any] | None = None,
     temperature: float = 0.0,
+    sampling: list[dict[str, Any]] | None = None,
     **engine_args: Any,
 ) -> EngineRun:
-    """Generate with a fresh engine and free it before returning."""
+    """Generate with a fresh engine and free it before returning.
+
+    ``sampling`` holds per-prompt SamplingParams overrides (top_k, top_p, ...)."""
     from vllm import LLM, SamplingParams
 
     if isinstance(max_tokens, int):
@@ -57,9 +60,12 @@ def run_engine(
         **{**ENGINE_DEFAULTS, **engine_args},
     )
     try:
+        overrides = sampling or [{}] * len(prompts)
         params = [
-            SamplingParams(temperature=temperature, seed=0, max_tokens=n, ignore_eos=True)
-            for n in max_tokens
+            SamplingParams(
+                **{"temperature": temperature, "seed": 0, **extra}, max_tokens=n, ignore_eos=True
+            )
+            for n, extra in zip(max_tokens, overrides, strict=True)
         ]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         metrics = metrics_by_name(llm.get_metrics())
