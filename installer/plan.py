@@ -11,7 +11,7 @@ from installer.errors import Refused
 from installer.hashing import sha256_hex
 from installer.manifest import Manifest, PatchedFile
 from installer.pins import VersionPins
-from installer.state import RECORD, Record, RecordedFile, StateStore
+from installer.state import RECORD, Record, RecordedFile, StateStore, outside_reason
 from installer.unified_diff import PatchError
 from installer.vllm_tree import PACKAGE, VllmTree
 
@@ -43,6 +43,7 @@ class Plan:
 
 
 def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
+    _check_paths(tree, [*manifest.patched_targets(), *(file.path for file in manifest.overlay)])
     record = store.read_record()
     if record is not None:
         _check_record_version(tree, record)
@@ -199,6 +200,29 @@ def _pre_image_problem(tree: VllmTree, path: str, expected: str, data: bytes | N
             f"found {actual}"
         )
     return tree.record_mismatch(path, data)
+
+
+def _check_paths(tree: VllmTree, paths: list[str]) -> None:
+    """Every file install.py writes lies inside the tree and is no symbolic link: a commit
+    replaces the link with a plain file, and uninstall could not bring the link back."""
+    problems = []
+    for path in paths:
+        reason = outside_reason(tree.root, path)
+        if reason:
+            problems.append(f"{path} {reason}")
+        elif tree.path(path).is_symlink():
+            problems.append(
+                f"{path} is a symbolic link (to {tree.path(path).readlink()}); replace it with a "
+                f"copy of the file it points to, or install into the tree it points into"
+            )
+    if problems:
+        raise Refused(
+            _refusal(
+                "cannot install",
+                problems,
+                "install.py writes only plain files inside the vllm package.",
+            )
+        )
 
 
 def _check_record_version(tree: VllmTree, record: Record) -> None:

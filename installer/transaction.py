@@ -7,6 +7,7 @@ run restore every file to its previous bytes.
 """
 
 import contextlib
+import errno
 
 from installer.errors import InstallerError, RollbackFailed
 from installer.faults import checkpoint
@@ -39,9 +40,12 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         checkpoint("journal written")
     except OSError as error:
         _sweep(store)
+        if error.errno == errno.ENOSPC:
+            advice = f"Free space on the file system that holds {tree.package_dir}"
+        else:
+            advice = f"Run install.py as a user who can write to {tree.package_dir}"
         raise InstallerError(
-            f"cannot write into the vLLM tree ({_describe(error)}). Run install.py as a user who "
-            f"can write to {tree.package_dir}. Nothing was changed."
+            f"cannot write into the vLLM tree ({_describe(error)}). {advice}. Nothing was changed."
         ) from error
     doing = "starting"
     try:
@@ -63,10 +67,15 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         prune_dirs([tree.path(path) for path in plan.stale_dirs])
         checkpoint("stale directories removed")
     except (Exception, KeyboardInterrupt) as error:
-        rollback(tree, store, journal)
+        failure = f"{operation} failed while {doing}: {_describe(error)}"
+        try:
+            rollback(tree, store, journal)
+        except RollbackFailed as rollback_error:
+            # The first error is the one to fix; the rollback's own failure comes second.
+            raise RollbackFailed(f"{failure}; then {rollback_error}") from error
         raise InstallerError(
-            f"{operation} failed while {doing}: {_describe(error)}. Every change was rolled "
-            f"back and verified; the vLLM tree is exactly as before."
+            f"{failure}. Every change was rolled back and verified; the vLLM tree is exactly as "
+            f"before."
         ) from error
     store.remove_journal()
     checkpoint("journal removed")
@@ -102,7 +111,7 @@ def rollback(tree: VllmTree, store: StateStore, journal: Journal) -> None:
         prune_dirs([tree.path(path) for path in journal.new_dirs])
         store.remove_journal()
         checkpoint("rollback journal removed")
-    except (OSError, VerificationError) as error:
+    except (OSError, VerificationError, KeyboardInterrupt) as error:
         raise RollbackFailed(
             f"rolling back the {journal.operation} failed: {_describe(error)}. The journal "
             f"{tree.path(JOURNAL)} is kept: fix the cause and run `install.py --status` to retry "
@@ -131,6 +140,8 @@ def _hash(data: bytes | None) -> str | None:
 
 
 def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return f"the disk is full ({error.strerror or 'No space left on device'}: {error.filename})"
     if isinstance(error, OSError) and error.filename:
         return f"{error.strerror or error} ({error.filename})"
     if isinstance(error, KeyboardInterrupt):
