@@ -31,6 +31,9 @@ class RecordedFile:
     kind: str  # "patch" or "overlay"
     pre_sha256: str | None  # None: the file did not exist before (overlay)
     post_sha256: str
+    link: str | None = (
+        None  # the symbolic link this file was before install (restored by uninstall)
+    )
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,9 @@ class Record:
 
     def to_bytes(self) -> bytes:
         document = {"schema": SCHEMA, **asdict(self)}
+        for file in document["files"]:
+            if file["link"] is None:
+                del file["link"]  # records of plain files read as before
         return (json.dumps(document, indent=2) + "\n").encode()
 
     @classmethod
@@ -64,8 +70,12 @@ class Record:
             created_dirs=tuple(_list(document, "created_dirs", str)),
         )
 
-    def paths(self) -> list[str]:
-        return [*(file.path for file in self.files), *self.created_dirs]
+    def paths(self) -> list[tuple[str, bool]]:
+        """Every path in the record, with whether it is a directory."""
+        return [
+            *((file.path, False) for file in self.files),
+            *((d, True) for d in self.created_dirs),
+        ]
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,7 @@ class JournalEntry:
     path: str
     before_sha256: str | None  # None: the file did not exist
     after_sha256: str | None
+    before_link: str | None = None  # the file was this symbolic link; rollback recreates it
 
 
 @dataclass(frozen=True)
@@ -97,8 +108,12 @@ class Journal:
             new_dirs=tuple(_list(document, "new_dirs", str)),
         )
 
-    def paths(self) -> list[str]:
-        return [*(entry.path for entry in self.entries), *self.new_dirs]
+    def paths(self) -> list[tuple[str, bool]]:
+        """Every path in the journal, with whether it is a directory."""
+        return [
+            *((entry.path, False) for entry in self.entries),
+            *((d, True) for d in self.new_dirs),
+        ]
 
 
 class StateStore:
@@ -168,8 +183,8 @@ class StateStore:
             state = kind.from_bytes(data)
         except (ValueError, KeyError, TypeError) as error:
             raise RollbackFailed(f"{relpath} is corrupt ({error}). {MANUAL_REPAIR}") from error
-        for path in state.paths():
-            problem = outside_reason(self.root, path)
+        for path, directory in state.paths():
+            problem = outside_reason(self.root, path, directory)
             if problem:
                 raise Refused(
                     f"{relpath} lists {path!r}, which {problem}: refusing to write or delete "
@@ -184,16 +199,21 @@ MANUAL_REPAIR = (
 )
 
 
-def outside_reason(root: Path, relpath: str) -> str | None:
+def outside_reason(root: Path, relpath: str, directory: bool = False) -> str | None:
     """Why `relpath` (a path from a state file, or one install.py is about to touch) does not
-    name a file strictly inside the vllm package under `root`; None when it does. Symbolic
-    links are followed, so a link out of the tree counts as outside."""
+    name an entry strictly inside the vllm package under `root`; None when it does.
+
+    A file is replaced or unlinked in its directory, never written through, so its directory
+    must resolve inside the package (a symbolic link on the way out counts as outside) while
+    the file itself may be a link; a directory (pruned with its __pycache__) must resolve
+    inside itself."""
     parts = relpath.split("/")
     if parts[0] != "vllm" or len(parts) < 2 or {"", ".", ".."} & set(parts) or "\\" in relpath:
         return "is not a plain relative path inside vllm/"
     package = root / "vllm"
+    path = root / relpath
     try:
-        inside = (root / relpath).resolve().is_relative_to(package.resolve())
+        inside = (path if directory else path.parent).resolve().is_relative_to(package.resolve())
     except (OSError, RuntimeError, ValueError) as error:  # a link loop, a NUL byte, too long
         return f"cannot be resolved ({error})"
     return None if inside else f"resolves outside {package}"

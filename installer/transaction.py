@@ -8,10 +8,18 @@ run restore every file to its previous bytes.
 
 import contextlib
 import errno
+import os
 
 from installer.errors import InstallerError, RollbackFailed
 from installer.faults import checkpoint
-from installer.fileops import compile_python, prune_dirs, remove, temp_path, write_atomic
+from installer.fileops import (
+    compile_python,
+    prune_dirs,
+    remove,
+    replace_with_symlink,
+    temp_path,
+    write_atomic,
+)
 from installer.hashing import sha256_hex
 from installer.plan import Plan
 from installer.state import JOURNAL, Journal, JournalEntry, StateStore
@@ -31,7 +39,9 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         journal = Journal(
             operation,
             tuple(
-                JournalEntry(change.path, _hash(change.before), _hash(change.after))
+                JournalEntry(
+                    change.path, _hash(change.before), _hash(change.after), change.before_link
+                )
                 for change in plan.changes
             ),
             plan.new_dirs,
@@ -51,7 +61,9 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
     try:
         for change in plan.changes:
             doing = f"writing {change.path}"
-            if change.after is None:
+            if change.after_link is not None:
+                replace_with_symlink(tree.path(change.path), change.after_link)
+            elif change.after is None:
                 remove(tree.path(change.path))
             else:
                 write_atomic(tree.path(change.path), change.after)
@@ -102,6 +114,9 @@ def rollback(tree: VllmTree, store: StateStore, journal: Journal) -> None:
             if entry.before_sha256 is None:
                 if current is not None:
                     remove(path)
+            elif entry.before_link is not None:
+                if not path.is_symlink() or os.readlink(path) != entry.before_link:
+                    replace_with_symlink(path, entry.before_link)
             elif current is None or sha256_hex(current) != entry.before_sha256:
                 # No byte-compiling here: the stale .pyc no longer matches the source's mtime,
                 # so Python recompiles it on import.

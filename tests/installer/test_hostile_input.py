@@ -3,6 +3,7 @@ state files, a missing RECORD, a full disk, Ctrl-C at every step, symlinked targ
 over-long paths. Each gives one clear line, its documented exit code, and no write outside."""
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -186,20 +187,35 @@ def test_ctrl_c_during_start_up(project: GeneratedProject, tree: Path, tmp_path:
 
 
 @pytest.mark.parametrize("inside", [True, False], ids=["link-inside", "link-outside"])
-def test_symlinked_patch_target_is_refused(project: GeneratedProject, tree: Path, inside: bool):
-    """A commit would replace the link with a plain file, which uninstall could not undo."""
+def test_symlinked_patch_target_comes_back_as_the_same_symlink(
+    project: GeneratedProject, tree: Path, inside: bool
+):
+    """Install replaces the link with the patched file (never writing through it); a rollback
+    and an uninstall make it the same link again, and the file it points to is never touched."""
     target = tree / "vllm/config/speculative.py"
     real = (tree / "vllm/config" if inside else tree.parent) / "speculative_real.py"
     real.write_bytes(target.read_bytes())
+    original = real.read_bytes()
+    link = os.path.relpath(real, target.parent) if inside else str(real)
     target.unlink()
-    target.symlink_to(real)
-    before = snapshot(tree)
-    result = project.install(tree)
-    assert result.returncode == ExitCode.REFUSED, result.stderr
-    assert "Traceback" not in result.stderr
-    reason = "is a symbolic link" if inside else "resolves outside"
-    assert f"vllm/config/speculative.py {reason}" in result.stderr
-    assert target.is_symlink() and snapshot(tree) == before
+    target.symlink_to(link)
+
+    replaced = next(
+        step
+        for step in range(1, 40)
+        if step_label(project, tree, step) == "vllm/config/speculative.py replaced"
+    )
+    failed = project.install(tree, env={FAIL_AT_ENV: f"{replaced + 1}:ENOSPC"})
+    assert failed.returncode == ExitCode.FAILED, failed.stderr
+    assert target.is_symlink() and os.readlink(target) == link, "rolled back to the link"
+
+    assert project.install(tree).returncode == ExitCode.OK
+    assert not target.is_symlink() and target.read_bytes() != original
+    assert real.read_bytes() == original
+    result = project.install(tree, "--uninstall")
+    assert result.returncode == ExitCode.OK, result.stderr
+    assert target.is_symlink() and os.readlink(target) == link
+    assert real.read_bytes() == original
 
 
 def test_over_long_path_is_a_bad_argument(project: GeneratedProject, tmp_path: Path):
