@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_runs import ENGINE_ENV
 from dspark_demo import tiny_models
+from dspark_demo.engine import ENGINE_ENV
 
 SCHEDULERS = {
     "off": {},
@@ -44,7 +44,7 @@ def build_models(root: Path) -> tuple[Path, Path]:
     # Zero weight, zero bias: every confidence is sigmoid(0) = 0.5.
     weights["confidence_head.proj.weight"].zero_()
     weights["confidence_head.proj.bias"].zero_()
-    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights)
+    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights, target)
 
 
 def measure(target: Path, draft: Path, options: dict, concurrency: int, max_tokens: int) -> dict:

@@ -33,14 +33,15 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.engine_runs import Engine, EngineUnavailable, GenerateResult
-from benchmarks.tiny_drafts import save_dflash_draft
+from benchmarks.host_syncs import HostSyncRecorder
+from dspark_demo.engine import EngineRun, EngineUnavailable, TinyEngine
 from dspark_demo.tiny_models import (
     VOCAB_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,
     oracle_dspark_weights,
     random_dspark_weights,
+    save_dflash_draft,
     save_dspark_draft,
 )
 
@@ -67,9 +68,10 @@ class Samples:
     """Per-concurrency measurements of one setup across rounds."""
 
     tokens_per_s: dict[int, list[float]] = field(default_factory=dict)
-    results: dict[int, list[GenerateResult]] = field(default_factory=dict)
+    results: dict[int, list[EngineRun]] = field(default_factory=dict)
+    host_syncs_per_step: list[str] = field(default_factory=list)
 
-    def add(self, concurrency: int, result: GenerateResult) -> None:
+    def add(self, concurrency: int, result: EngineRun) -> None:
         self.tokens_per_s.setdefault(concurrency, []).append(result.tokens_per_s)
         self.results.setdefault(concurrency, []).append(result)
 
@@ -96,7 +98,7 @@ def build_models(root: Path) -> dict[str, dict[str, Path]]:
             build_qwen3_target(target, kind=target_kind)
         models[kind] = {
             "target": target,
-            "dspark": save_dspark_draft(root / f"{kind}_dspark", spec, weights),
+            "dspark": save_dspark_draft(root / f"{kind}_dspark", spec, weights, target),
             "dflash": save_dflash_draft(root / f"{kind}_dflash", spec, weights),
         }
     return models
@@ -108,8 +110,8 @@ def fixed_prompts(count: int) -> list[list[int]]:
 
 
 def measure(
-    engine: Engine, prompts: list[list[int]], concurrencies: list[int], args: argparse.Namespace
-) -> list[tuple[int, GenerateResult]]:
+    engine: TinyEngine, prompts: list[list[int]], concurrencies: list[int], args: argparse.Namespace
+) -> list[tuple[int, EngineRun]]:
     """A warm-up at the top concurrency, then `--repeats` timed calls per level,
     interleaved level by level."""
     engine.generate(prompts[: max(concurrencies)], 8)  # warm-up, not measured
@@ -118,6 +120,27 @@ def measure(
         for _ in range(args.repeats)
         for c in concurrencies
     ]
+
+
+def host_syncs_per_step(engine: TinyEngine, prompts: list[list[int]]) -> list[str]:
+    """The ops that would make the host wait for the GPU in the drafter's step,
+    over the draft steps of one warm generate call (benchmarks/host_syncs.py)."""
+    drafter = engine.model_runner.drafter
+    propose = drafter.propose
+    per_step: list[list[str]] = []
+
+    def recorded_propose(*args, **kwargs):
+        with HostSyncRecorder() as recorder:
+            result = propose(*args, **kwargs)
+        per_step.append(recorder.syncs)
+        return result
+
+    drafter.propose = recorded_propose
+    try:
+        engine.generate(prompts, 32)
+    finally:
+        drafter.propose = propose
+    return max(per_step, key=len)
 
 
 def spec_config(setup: Setup, models: dict[str, dict[str, Path]]) -> dict | None:
@@ -132,12 +155,12 @@ def summarize(setup: Setup, samples: Samples, reference: Samples | None) -> dict
     rows = {}
     for concurrency, speeds in samples.tokens_per_s.items():
         results = samples.results[concurrency]
-        drafts = sum(r.spec.drafts for r in results)
-        accepted = sum(r.spec.accepted for r in results)
-        width = max((len(r.spec.accepted_per_pos) for r in results), default=0)
+        drafts = sum(r.drafts for r in results)
+        accepted = sum(r.metrics.get("vllm:spec_decode_num_accepted_tokens", 0) for r in results)
+        width = max((len(r.accepted_per_position) for r in results), default=0)
         per_pos = (
             [
-                sum(r.spec.accepted_per_pos[i] for r in results if i < len(r.spec.accepted_per_pos))
+                sum(r.accepted_per_position[i] for r in results if i < len(r.accepted_per_position))
                 / drafts
                 for i in range(width)
             ]
@@ -153,14 +176,15 @@ def summarize(setup: Setup, samples: Samples, reference: Samples | None) -> dict
             "acceptance_per_pos": per_pos,
         }
         if reference is not None:
-            want = reference.results[concurrency][0].outputs
-            row["outputs_equal_nospec"] = all(r.outputs == want for r in results)
+            want = reference.results[concurrency][0].token_ids
+            row["outputs_equal_nospec"] = all(r.token_ids == want for r in results)
         rows[str(concurrency)] = row
     return {
         "draft_kind": setup.draft_kind,
         "method": setup.method,
         "k": setup.k,
         "by_concurrency": rows,
+        "host_syncs_worst_step": samples.host_syncs_per_step,
     }
 
 
@@ -226,7 +250,7 @@ def run(args: argparse.Namespace) -> dict:
                 flush=True,
             )
             try:
-                engine = Engine(
+                engine = TinyEngine(
                     models[setup.draft_kind]["target"],
                     spec_config(setup, models),
                     max_num_seqs=max(args.concurrency),
@@ -238,6 +262,10 @@ def run(args: argparse.Namespace) -> dict:
             try:
                 for concurrency, result in measure(engine, prompts, args.concurrency, args):
                     samples[setup].add(concurrency, result)
+                if setup.method != "nospec" and round_index == 0:
+                    samples[setup].host_syncs_per_step = host_syncs_per_step(
+                        engine, prompts[: max(args.concurrency)]
+                    )
             finally:
                 engine.close()
 
@@ -296,6 +324,15 @@ def format_report(report: dict) -> str:
                 f"{summary['draft_kind']:<7} {label:<11} {concurrency:>2} "
                 f"{row['tokens_per_s_median']:>12.1f} {row['tokens_per_s_best']:>10.1f} "
                 f"{tau:>5}  {per_pos}"
+            )
+    lines.append("")
+    lines.append("host-sync ops in the worst draft step (would block on a GPU)")
+    for summary in report["results"]:
+        if summary["method"] != "nospec":
+            syncs = summary["host_syncs_worst_step"]
+            lines.append(
+                f"{summary['draft_kind']:<7} {summary['method']} k={summary['k']}: "
+                f"{len(syncs)} {' '.join(syncs)}"
             )
     lines.append("")
     lines.append("speed ratios, median (best of N)")

@@ -4,11 +4,11 @@
 
 Runs the real vLLM CPU engine (tiny target, random drafts, greedy) and times
 every ``propose()`` call the runner makes, minus the time spent inside the
-draft network (DSpark: context projection, block forward, lm_head logits and
-Markov head; DFlash: context K/V precompute, forward, logits). What remains is
-the proposer's own bookkeeping: slot table, ring writes and reads, input
-preparation, attention metadata. Only steps where every request of the batch
-is decoding are counted (the steady state), after a warm-up.
+draft network (both: context K/V precompute, block forward, logits; DSpark
+also its Markov head). What remains is the proposer's own bookkeeping: input
+preparation, attention metadata, the Markov chain's loop. Only steps where
+every request of the batch is decoding are counted (the steady state), after a
+warm-up.
 
 It also counts, inside the same steps, the aten ops that wait for the device
 on a GPU (``.item()``, ``nonzero``, boolean-mask indexing, ...; see
@@ -26,10 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.engine_runs import ENGINE_ENV
 from benchmarks.host_syncs import HostSyncRecorder
-from benchmarks.tiny_drafts import save_dflash_draft
 from dspark_demo import tiny_models
+from dspark_demo.engine import ENGINE_ENV
 
 
 class ModelTime:
@@ -56,23 +55,22 @@ class ModelTime:
 
 
 def draft_model_methods(method: str, drafter) -> list[tuple[object, str]]:
-    if method == "dspark":
-        backbone = drafter._drafter.backbone
-        model = drafter.model
-        return [
-            (backbone, "context_entries"),
-            (backbone, "block_hidden"),
-            (model, "compute_logits"),
-            (model, "markov_embed"),
-            (model, "markov_bias"),
-        ]
+    """The draft network's methods; DSpark's (Qwen3, paged) is DFlash's plus
+    the Markov chain's heads."""
     model = drafter.model
-    return [
+    methods = [
         (model, "forward"),
         (model, "compute_logits"),
         (model, "precompute_and_store_context_kv"),
         (model, "combine_hidden_states"),
     ]
+    if method == "dspark":
+        methods += [
+            (model, "compute_draft_logits"),
+            (model, "markov_embed"),
+            (model, "markov_bias"),
+        ]
+    return methods
 
 
 @contextlib.contextmanager
@@ -166,8 +164,8 @@ def main() -> None:
         weights = tiny_models.random_dspark_weights(spec)
         target = tiny_models.build_qwen3_target(root / "target")
         drafts = {
-            "dspark": tiny_models.save_dspark_draft(root / "dspark", spec, weights),
-            "dflash": save_dflash_draft(root / "dflash", spec, weights),
+            "dspark": tiny_models.save_dspark_draft(root / "dspark", spec, weights, target),
+            "dflash": tiny_models.save_dflash_draft(root / "dflash", spec, weights),
         }
         results = {
             method: measure(method, target, draft, args.batch_sizes, args.k)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap, TorchBlockDraft
-from benchmarks.tiny_drafts import load_target, save_dflash_draft
 from dspark_demo.tiny_models import (
     HEAD_DIM,
     NOISE_TOKEN_ID,
@@ -35,7 +34,9 @@ from dspark_demo.tiny_models import (
     VOCAB_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,
+    load_target,
     random_dspark_weights,
+    save_dflash_draft,
     save_dspark_draft,
 )
 
@@ -202,7 +203,7 @@ def fault_sensitivity(draft: TorchBlockDraft, corpus: Corpus, layout: BlockLayou
 
 def engine_tau(target_dir: Path, draft_dir: Path, method: str, corpus: Corpus, k: int) -> dict:
     """Tau of the saved draft inside vLLM, from its spec-decode counters."""
-    from benchmarks.engine_runs import EngineUnavailable, run_engine
+    from dspark_demo.engine import EngineUnavailable, run_engine
 
     prompts = [row[: corpus.prompt_len].tolist() for row in corpus.token_ids]
     new_tokens = corpus.token_ids.shape[1] - corpus.prompt_len
@@ -212,11 +213,11 @@ def engine_tau(target_dir: Path, draft_dir: Path, method: str, corpus: Corpus, k
     except EngineUnavailable as exc:
         return {"available": False, "reason": str(exc)}
     expected = [row[corpus.prompt_len :].tolist() for row in corpus.token_ids]
-    same = sum(got == want for got, want in zip(run.outputs, expected, strict=True))
+    same = sum(got == want for got, want in zip(run.token_ids, expected, strict=True))
     return {
         "available": True,
         "tau": run.tau,
-        "acceptance_per_pos": run.acceptance_per_pos,
+        "acceptance_per_pos": [a / run.drafts for a in run.accepted_per_position],
         "outputs_equal_torch_greedy": f"{same}/{len(expected)}",
     }
 
@@ -291,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         draft = make_draft(target, weights)
         losses = train(draft, corpus, layout, args)
         weights = draft.state_dict_deepspec()
-        save = save_dspark_draft if args.method == "dspark" else save_dflash_draft
-        save(draft_dir, spec, weights)
+        if args.method == "dspark":
+            save_dspark_draft(draft_dir, spec, weights, target_dir)
+        else:
+            save_dflash_draft(draft_dir, spec, weights)
         report["final_loss"] = losses[-1]
         report["train_seconds"] = time.perf_counter() - started
     trained = simulate_acceptance(make_draft(target, weights), eval_corpus, layout)

@@ -9,13 +9,12 @@ each run. Needs the vLLM that install.py patched.
 """
 
 import argparse
-import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from dspark_demo import tiny_models
+from dspark_demo.engine import EngineRun, TinyEngine, dspark_config
 
 PAIRS = {
     "bigram": "a bigram target and a draft whose Markov head knows it, blurred: partial acceptance",
@@ -31,6 +30,7 @@ PROMPTS = [
 
 
 def build_pair(pair: str, root: Path) -> tuple[Path, Path]:
+    """A target and a draft written in DeepSpec's layout."""
     spec = tiny_models.DSparkDraftSpec()
     if pair == "bigram":
         target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
@@ -42,29 +42,13 @@ def build_pair(pair: str, root: Path) -> tuple[Path, Path]:
     else:
         target = tiny_models.build_qwen3_target(root / "target")
         weights = tiny_models.random_dspark_weights(spec)
-    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights)
+    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights, target)
 
 
-def generate(target: Path, speculative_config: dict | None, max_tokens: int):
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(target),
-        dtype="float32",
-        max_model_len=256,
-        max_num_seqs=4,
-        enforce_eager=True,
-        disable_log_stats=False,
-        speculative_config=speculative_config,
-    )
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(PROMPTS[:1], params, use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    metrics = {m.name: getattr(m, "value", getattr(m, "values", None)) for m in llm.get_metrics()}
-    tokens = [list(o.outputs[0].token_ids) for o in outputs]
-    return tokens, sum(map(len, tokens)) / seconds, metrics
+def generate(target: Path, speculative_config: dict | None, max_tokens: int) -> EngineRun:
+    with TinyEngine(target, speculative_config, max_num_seqs=4) as engine:
+        engine.generate(PROMPTS[:1], max_tokens)  # warm-up
+        return engine.generate(PROMPTS, max_tokens)
 
 
 def main() -> int:
@@ -80,29 +64,25 @@ def main() -> int:
     if not 1 <= args.k <= tiny_models.DSparkDraftSpec().block_size:
         parser.error("--k must be between 1 and the tiny draft's block size (4)")
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     with tempfile.TemporaryDirectory(prefix="dspark-demo-") as workdir:
         print(f"building tiny models ({args.pair}: {PAIRS[args.pair]})", flush=True)
         target, draft = build_pair(args.pair, Path(workdir))
         print("running vLLM without speculation ...", flush=True)
-        plain, plain_rate, _ = generate(target, None, args.max_tokens)
+        plain = generate(target, None, args.max_tokens)
         print("running vLLM with DSpark ...", flush=True)
-        config = {"method": "dspark", "model": str(draft), "num_speculative_tokens": args.k}
-        dspark, dspark_rate, metrics = generate(target, config, args.max_tokens)
+        dspark = generate(target, dspark_config(draft, k=args.k), args.max_tokens)
 
-    for prompt, base, spec in zip(PROMPTS, plain, dspark, strict=True):
+    for prompt, base, spec in zip(PROMPTS, plain.token_ids, dspark.token_ids, strict=True):
         print(f"\nprompt  {prompt}\nplain   {base[:16]}...\ndspark  {spec[:16]}...")
-    drafts = metrics["vllm:spec_decode_num_drafts"]
-    accepted = metrics["vllm:spec_decode_num_accepted_tokens_per_pos"]
-    equal = plain == dspark
+    equal = plain.token_ids == dspark.token_ids
     print(f"\noutputs equal: {equal}")
-    print("acceptance per position: " + ", ".join(f"{n / drafts:.2f}" for n in accepted))
-    print(f"tau (tokens per verify step): {1 + sum(accepted) / drafts:.2f}")
+    acceptance = ", ".join(f"{n / dspark.drafts:.2f}" for n in dspark.accepted_per_position)
+    print("acceptance per position: " + acceptance)
+    print(f"tau (tokens per verify step): {dspark.tau:.2f}")
     print(
-        f"tokens/s: plain {plain_rate:.0f}, dspark {dspark_rate:.0f} "
-        f"(ratio {dspark_rate / plain_rate:.2f}; tiny CPU models, not a GPU speed-up)"
+        f"tokens/s: plain {plain.tokens_per_s:.0f}, dspark {dspark.tokens_per_s:.0f} "
+        f"(ratio {dspark.tokens_per_s / plain.tokens_per_s:.2f}; tiny CPU models, "
+        "not a GPU speed-up)"
     )
     return 0 if equal else 1
 

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap
-from benchmarks.tiny_drafts import load_target
 from benchmarks.train_tiny_drafter import Corpus, make_draft, simulate_acceptance
 from dspark_demo.tiny_models import (
     HIDDEN_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,
+    load_target,
     random_dspark_weights,
 )
 

@@ -10,13 +10,16 @@ synchronously; `test_draft_lengths_scheduler.py` covers async scheduling.
 
 import pytest
 import torch
-from tiny_vllm import EngineRun, build_tiny_qwen3, run_engine
 
+from dspark_demo.engine import EngineRun, run_engine
+from dspark_demo.tiny_models import build_qwen3_target
 from vllm.v1.outputs import ModelRunnerOutput
 
 pytestmark = pytest.mark.engine
 
 K = 4
+PROMPTS = [" ".join(f"w{(7 * p + 3 * i) % 50 + 5}" for i in range(6 + p)) for p in range(4)]
+MAX_TOKENS = 48
 
 
 def pattern_length(last_token: int) -> int:
@@ -53,22 +56,26 @@ class LengthSchedulingProposer(ShortListProposer):
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory) -> str:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+    return str(build_qwen3_target(tmp_path_factory.mktemp("tiny-qwen3")))
 
 
 @pytest.fixture(scope="module")
 def plain_outputs(tiny_qwen3) -> list[list[int]]:
-    return run_engine(tiny_qwen3, None).outputs
+    return run_engine(tiny_qwen3, PROMPTS, MAX_TOKENS, max_num_seqs=8).token_ids
 
 
 def run_with(model: str, proposer: type) -> EngineRun:
     return run_engine(
         model,
+        PROMPTS,
+        MAX_TOKENS,
         {
             "method": "custom_class",
             "model": f"{__name__}.{proposer.__name__}",
             "num_speculative_tokens": K,
         },
+        record=True,
+        max_num_seqs=8,
     )
 
 
@@ -76,7 +83,7 @@ def assert_verify_rows_follow_the_lengths(
     run: EngineRun, plain_outputs: list[list[int]]
 ) -> list[int]:
     """Checks the rows against the scheduled drafts; returns each verification's draft count."""
-    assert run.outputs == plain_outputs  # Verification stays exact whatever the lengths.
+    assert run.token_ids == plain_outputs  # Verification stays exact whatever the lengths.
     decode_steps = [(tokens, spec) for tokens, spec in run.steps if spec]
     lengths = [len(ids) for _, spec in decode_steps for ids in spec.values()]
     assert set(lengths) > {1, K}, lengths  # The lengths really vary across requests and steps.
@@ -90,7 +97,7 @@ def assert_verify_rows_follow_the_lengths(
     full_rows = sum((1 + K) * len(tokens) for tokens, _ in decode_steps)
     assert shrunk_rows < full_rows
     # vLLM's spec-decode counters (Prometheus and logs) count the scheduled drafts.
-    assert run.metric("vllm:spec_decode_num_draft_tokens").value == sum(lengths)
+    assert run.metrics["vllm:spec_decode_num_draft_tokens"] == sum(lengths)
     print(f"verify rows: {shrunk_rows} scheduled vs {full_rows} at full k={K}")
     return lengths
 
@@ -108,6 +115,6 @@ def test_reported_lengths_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
     run = run_with(tiny_qwen3, LengthSchedulingProposer)
     lengths = assert_verify_rows_follow_the_lengths(run, plain_outputs)
     # Patched metrics: how many verifications reached each draft position.
-    per_position = run.counters_by_position("vllm:spec_decode_num_draft_tokens_per_pos")
+    per_position = run.metrics["vllm:spec_decode_num_draft_tokens_per_pos"]
     assert per_position == [sum(n > pos for n in lengths) for pos in range(K)]
     assert per_position[0] > per_position[K - 1] > 0

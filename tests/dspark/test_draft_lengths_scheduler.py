@@ -10,8 +10,8 @@ from collections import deque
 
 import pytest
 import torch
-from tiny_vllm import build_tiny_qwen3
 
+from dspark_demo.tiny_models import build_qwen3_target
 from vllm import SamplingParams
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -27,7 +27,7 @@ BLOCK_SIZE = 16
 
 @pytest.fixture(scope="module")
 def tiny_qwen3(tmp_path_factory) -> str:
-    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"))
+    return str(build_qwen3_target(tmp_path_factory.mktemp("tiny-qwen3")))
 
 
 def make_scheduler(model: str, monkeypatch) -> AsyncScheduler:

@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-from engine_harness import dspark_config, run_engine
 
 from dspark_demo import tiny_models
+from dspark_demo.engine import dspark_config, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -31,7 +31,7 @@ def confident_draft(tiny, tmp_path_factory):
     weights["confidence_head.proj.weight"].zero_()
     weights["confidence_head.proj.bias"] = torch.tensor([math.log(CONFIDENCE / (1 - CONFIDENCE))])
     return tiny_models.save_dspark_draft(
-        tmp_path_factory.mktemp("confident") / "draft", spec, weights
+        tmp_path_factory.mktemp("confident") / "draft", spec, weights, tiny.bigram_target
     )
 
 
@@ -67,7 +67,7 @@ def test_lengths_follow_the_confidence_and_output_is_lossless(
         max_num_seqs=4,
     )
     assert run.token_ids == plain.token_ids
-    drafts = run.metrics["vllm:spec_decode_num_drafts"]
+    drafts = run.drafts
     verified = run.metrics["vllm:spec_decode_num_draft_tokens"]
     per_position = run.metrics["vllm:spec_decode_num_draft_tokens_per_pos"]
     if length == 0:

@@ -4,8 +4,10 @@ import json
 from pathlib import Path
 
 import pytest
-from engine_harness import dspark_config, run_engine
+import torch
 from safetensors.torch import load_file, save_file
+
+from dspark_demo.engine import dspark_config, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -22,13 +24,16 @@ def startup_error(target: Path, speculative_config: dict) -> str:
     return "\n".join(messages)
 
 
-def copy_draft(source: Path, destination: Path, config_changes=None, drop_tensor=None) -> Path:
+def copy_draft(
+    source: Path, destination: Path, config_changes=None, drop_tensor=None, add_tensors=None
+) -> Path:
     destination.mkdir()
     config = json.loads((source / "config.json").read_text())
     config.update(config_changes or {})
     (destination / "config.json").write_text(json.dumps(config))
     weights = load_file(str(source / "model.safetensors"))
     weights.pop(drop_tensor, None)
+    weights.update(add_tensors or {})
     save_file(weights, str(destination / "model.safetensors"))
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (destination / name).write_bytes((source / name).read_bytes())
@@ -45,11 +50,17 @@ def test_target_layers_missing_from_the_target_are_refused(tiny, tmp_path):
     draft = copy_draft(
         tiny.random_draft,
         tmp_path / "draft",
-        {"dflash_config": {"target_layer_ids": [0, 5], "mask_token_id": 4}},
+        {"target_layer_ids": [0, 5]},
     )
     message = startup_error(tiny.random_target, dspark_config(draft))
     assert "target_layer_ids [0, 5]" in message
     assert "2-layer target" in message
+
+
+def test_a_draft_without_target_layers_is_refused(tiny, tmp_path):
+    draft = copy_draft(tiny.random_draft, tmp_path / "draft", {"target_layer_ids": None})
+    message = startup_error(tiny.random_target, dspark_config(draft))
+    assert "names no target layers" in message
 
 
 def test_a_checkpoint_that_is_not_a_dspark_draft_is_refused(tiny):
@@ -62,8 +73,22 @@ def test_a_missing_draft_tensor_is_named(tiny, tmp_path):
         tiny.random_draft, tmp_path / "draft", drop_tensor="layers.0.mlp.up_proj.weight"
     )
     message = startup_error(tiny.random_target, dspark_config(draft))
-    assert "missing draft weights" in message
-    assert "gate_up_proj" in message
+    assert "missing draft weights: layers.0.mlp.gate_up_proj.weight." in message
+
+
+def test_an_unexpected_draft_tensor_is_named(tiny, tmp_path):
+    draft = copy_draft(
+        tiny.random_draft,
+        tmp_path / "draft",
+        add_tensors={"layers.0.self_attn.extra_proj.weight": torch.zeros(4, 4)},
+    )
+    message = startup_error(tiny.random_target, dspark_config(draft))
+    assert "layers.0.self_attn.extra_proj" in message
+
+
+def test_the_window_option_is_refused_for_full_attention_drafts(tiny):
+    message = startup_error(tiny.random_target, dspark_config(tiny.random_draft, window=64))
+    assert "dspark_options.window does not apply to full-attention DSpark drafts" in message
 
 
 def test_unknown_and_invalid_options_are_refused(tiny):

@@ -1,4 +1,4 @@
-"""Drafts from the proposer's incremental ring equal a naive full recompute.
+"""Drafts from the proposer's paged draft context equal a naive full recompute.
 
 The reference below is written from the DSpark formulas in float64 and shares
 no code with the overlay: target features come from Hugging Face's Qwen3 (the
@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_harness import dspark_config, read_draft_log, run_engine
+
+from dspark_demo import tiny_models
+from dspark_demo.engine import dspark_config, read_draft_log, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -41,7 +43,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> to
 
 
 class TargetFeatures:
-    """Residual stream after each tapped layer of the HF target, float64."""
+    """Residual stream after each tapped layer of the HF target (-1: the
+    embeddings), float64, concatenated in config order."""
 
     def __init__(self, target_dir: Path, layer_ids: list[int]) -> None:
         from transformers import Qwen3ForCausalLM
@@ -52,12 +55,15 @@ class TargetFeatures:
     @torch.no_grad()
     def __call__(self, token_ids: list[int]) -> torch.Tensor:
         captured: dict[int, torch.Tensor] = {}
-        hooks = [
-            self.model.model.layers[i].register_forward_hook(
-                lambda _m, _inp, out, i=i: captured.__setitem__(
-                    i, out[0] if isinstance(out, tuple) else out
-                )
+
+        def capture(i: int):
+            return lambda _m, _inp, out: captured.__setitem__(
+                i, out[0] if isinstance(out, tuple) else out
             )
+
+        model = self.model.model
+        hooks = [
+            (model.embed_tokens if i == -1 else model.layers[i]).register_forward_hook(capture(i))
             for i in self.layer_ids
         ]
         try:
@@ -84,7 +90,7 @@ class NaiveDSparkDraft:
         self.heads = config["num_attention_heads"]
         self.kv_heads = config["num_key_value_heads"]
         self.head_dim = config["head_dim"]
-        self.noise = config["dflash_config"]["mask_token_id"]
+        self.noise = config["mask_token_id"]  # DeepSpec's top-level key
 
     def _heads(self, x: torch.Tensor, n: int, norm: torch.Tensor) -> torch.Tensor:
         return rms_norm(x.view(x.shape[0], n, self.head_dim), norm)
@@ -122,31 +128,39 @@ class NaiveDSparkDraft:
             h = rms_norm(x, layer["post_attention_layernorm.weight"])
             gate = torch.nn.functional.silu(h @ layer["mlp.gate_proj.weight"].T)
             x = x + (gate * (h @ layer["mlp.up_proj.weight"].T)) @ layer["mlp.down_proj.weight"].T
-        logits = rms_norm(x, w["norm.weight"]) @ self.lm_head.T
+        # The full block is drafted; only its first len(drafts) slots are verified.
+        logits = (rms_norm(x, w["norm.weight"]) @ self.lm_head.T)[: len(drafts)]
         previous = [anchor_token, *drafts[:-1]]
         markov = w["markov_head.markov_w1.weight"][previous] @ w["markov_head.markov_w2.weight"].T
         return logits + markov
 
 
-def test_incremental_ring_drafts_equal_full_recompute(tiny, tmp_path):
+@pytest.mark.parametrize(
+    ("taps", "k"), [([0, 1], K), ([-1, 1], 2)], ids=["taps-0-1-k=block", "taps-emb-1-k<block"]
+)
+def test_paged_drafts_equal_full_recompute(tiny, tmp_path, taps, k):
+    """Also shows the runner taps exactly the config's layers (-1 = the
+    embeddings) and that k < block drafts the full block."""
+    spec = tiny_models.DSparkDraftSpec(target_layer_ids=taps)
+    draft_dir = tiny_models.save_dspark_draft(tmp_path / "draft", spec, target=tiny.random_target)
     prompts = ["w5 w6 w7 w8 w5 w6", "w10 " * 20, "w300 w12 w999 w4 w87 w87 w1 w2 w3"]
     prompts = [p.strip() for p in prompts]
     log = tmp_path / "drafts.jsonl"
-    # Chunked prefill and three requests at a time, so the ring is written in
-    # ragged steps; the draft attends to the full context (window = max length).
+    # Chunked prefill and three requests at a time, so the draft context is
+    # written in ragged steps; the draft attends to the full context.
     run = run_engine(
         tiny.random_target,
         prompts,
         [30, 24, 36],
-        dspark_config(tiny.random_draft, draft_log=str(log)),
+        dspark_config(draft_dir, k=k, draft_log=str(log)),
         max_num_seqs=3,
         max_num_batched_tokens=16,
     )
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny.random_target))
-    features = TargetFeatures(tiny.random_target, layer_ids=[0, 1])
-    draft = NaiveDSparkDraft(tiny.random_draft, tiny.random_target)
+    features = TargetFeatures(tiny.random_target, layer_ids=taps)
+    draft = NaiveDSparkDraft(draft_dir, tiny.random_target)
 
     checked = 0
     for index, prompt in enumerate(prompts):

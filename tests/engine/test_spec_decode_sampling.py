@@ -7,7 +7,8 @@ gather), and a step without drafts gave ``apply_top_k_only`` zero rows."""
 
 import pytest
 import torch
-from engine_harness import dspark_config, run_engine
+
+from dspark_demo.engine import TinyEngine, dspark_config, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -31,21 +32,24 @@ def greedy_tokens(tiny) -> list[list[int]]:
 
 @pytest.mark.parametrize("sampling", [TOP_K_ONLY, MIXED], ids=["top-k-only", "mixed"])
 def test_top_k_requests_keep_output_lossless(tiny, greedy_tokens, sampling):
-    spec = run_engine(
-        tiny.bigram_target,
-        PROMPTS,
-        40,
-        dspark_config(tiny.bigram_draft),
-        sampling=sampling,
-        max_num_seqs=8,
-    )
+    from vllm import SamplingParams
 
-    for row, params in enumerate(sampling):
-        if params.get("top_k") == 1 or not params.get("temperature"):
-            assert spec.token_ids[row] == greedy_tokens[row], params
+    params = [
+        SamplingParams(**{"temperature": 0.0, "seed": 0, **extra}, max_tokens=40, ignore_eos=True)
+        for extra in sampling
+    ]
+    with TinyEngine(tiny.bigram_target, dspark_config(tiny.bigram_draft), max_num_seqs=8) as spec:
+        before = spec.metrics()
+        outputs = spec.llm.generate(PROMPTS, params, use_tqdm=False)
+        accepted = spec.metrics()["vllm:spec_decode_num_accepted_tokens"]
+    tokens = [list(output.outputs[0].token_ids) for output in outputs]
+
+    for row, extra in enumerate(sampling):
+        if extra.get("top_k") == 1 or not extra.get("temperature"):
+            assert tokens[row] == greedy_tokens[row], extra
     # Drafts were verified and some accepted, so the rejection sampler ran.
-    assert spec.metrics["vllm:spec_decode_num_accepted_tokens"] > 0
-    assert all(len(tokens) == 40 for tokens in spec.token_ids)
+    assert accepted > before.get("vllm:spec_decode_num_accepted_tokens", 0)
+    assert all(len(row) == 40 for row in tokens)
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ try:
             "method": "dspark",
             "model": str(draft),
             "num_speculative_tokens": 4,
-            "dspark_options": {"window": 64},
+            "dspark_options": {"confidence_scheduler": "off"},
         },
     ).create_engine_config()
     report["method"] = config.speculative_config.method
@@ -59,7 +59,7 @@ try:
 
     proposer = make_dspark_proposer(config, torch.device("cpu"))
     report["proposer"] = type(proposer).__name__
-    report["window"] = proposer.options.window
+    report["scheduler"] = proposer.options.scheduling.scheduler
 except Exception as error:
     report["config_error"] = last_line(error)
 print("PROBE " + json.dumps(report))

@@ -1,6 +1,6 @@
 """vLLM 0.33.0, the version the images ship: install into a copy of its sources, then import
 every overlay module from that tree and build the DSpark config path (EngineArgs -> VllmConfig
--> DSparkRingProposer) against it, in a subprocess with the environment's CPU torch.
+-> the DSpark proposer) against it, in a subprocess with the environment's CPU torch.
 
 What a CPU machine cannot do with the 0.33.0 wheel (a CUDA build: no CPU kernels in it, and it
 pins torch 2.14) is recorded in docs/installer.md; this test covers what it can."""
@@ -28,7 +28,7 @@ def probe(pristine_033: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
     target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
     draft = tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target)
+        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
     )
     env = {
         **os.environ,
@@ -69,6 +69,6 @@ def test_every_overlay_module_imports_from_0_33_0(probe):
 def test_the_dspark_config_path_builds_against_0_33_0(probe):
     assert "config_error" not in probe, probe["config_error"]
     assert probe["method"] == "dspark"
-    assert probe["dspark_options"] == {"window": 64}
-    assert probe["proposer"] == "DSparkRingProposer"
-    assert probe["window"] == 64
+    assert probe["dspark_options"] == {"confidence_scheduler": "off"}
+    assert probe["proposer"] == "DSparkPagedProposer"  # the Qwen3 draft's proposer
+    assert probe["scheduler"] == "off"

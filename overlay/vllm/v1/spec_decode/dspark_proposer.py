@@ -29,7 +29,13 @@ def draft_family(draft_model_config: ModelConfig) -> str:
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
-    """The V1 DSpark proposer for the configured draft."""
+    """The V1 DSpark proposer for the configured draft: full-attention Qwen3
+    drafts keep their context in vLLM's paged KV cache (DFlash's machinery),
+    DeepSeek-V4's sliding-window drafts in the proposer's own ring."""
+    if draft_family(vllm_config.speculative_config.draft_model_config) == "qwen3":
+        from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
+
+        return DSparkPagedProposer(vllm_config, device, runner)
     from vllm.v1.spec_decode.dspark.ring_proposer import DSparkRingProposer
 
     return DSparkRingProposer(vllm_config, device, runner)

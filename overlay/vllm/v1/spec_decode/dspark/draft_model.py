@@ -5,8 +5,6 @@ every DSpark checkpoint family; the input embedding and the lm_head are the
 target's unless the checkpoint ships its own.
 """
 
-from collections.abc import Iterable
-
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -30,15 +28,11 @@ class DSparkDraftModel(nn.Module):
         vocab_size: int,
         prefix: str = "",
         confidence_bias: bool = True,
-        confidence_head_optional: bool = False,
     ) -> None:
         """``confidence_bias``: Qwen3 DSpark confidence heads carry a bias,
-        DeepSeek-V4's not. ``confidence_head_optional``: a checkpoint may enable
-        the head without shipping its weights (upstream accepts such Qwen3
-        drafts and runs them without the head); otherwise its weights are
-        required like any other."""
+        DeepSeek-V4's not. The loader drops the confidence head when the
+        checkpoint enables it without shipping its weights."""
         super().__init__()
-        self.confidence_head_optional = confidence_head_optional
         self.backbone = backbone
         self.markov_head = DSparkMarkovHead(
             vocab_size, vocab_size, markov_rank, prefix=f"{prefix}.markov_head"
@@ -82,50 +76,3 @@ class DSparkDraftModel(nn.Module):
                 "(enable_confidence_head and confidence_head.* weights)."
             )
         return torch.sigmoid(self.confidence_head(hidden, markov_embed))
-
-    # Loading --------------------------------------------------------------
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load every draft parameter or fail naming what is missing."""
-        head_params = {
-            name: param
-            for name, param in self.named_parameters()
-            if not name.startswith("backbone.")
-        }
-        loaded: set[str] = set()
-
-        def backbone_weights() -> Iterable[tuple[str, torch.Tensor]]:
-            for name, tensor in weights:
-                if name in head_params:
-                    param = head_params[name]
-                    getattr(param, "weight_loader", _copy_weight)(param, tensor)
-                    loaded.add(name)
-                elif name.startswith(("embed_tokens.", "lm_head.")):
-                    raise ValueError(
-                        f"The DSpark checkpoint ships its own '{name}'; only drafts that "
-                        "share the target's embedding and lm_head are supported."
-                    )
-                else:
-                    yield name, tensor
-
-        loaded |= {f"backbone.{n}" for n in self.backbone.load_weights(backbone_weights())}
-        if (
-            self.confidence_head_optional
-            and self.confidence_head is not None
-            and not any(name.startswith("confidence_head.") for name in loaded)
-        ):
-            self.confidence_head = None
-        missing = sorted(set(dict(self.named_parameters())) - loaded)
-        if missing:
-            raise ValueError(
-                "The DSpark checkpoint is missing draft weights: "
-                + ", ".join(missing)
-                + ". Check that it matches the draft's config.json."
-            )
-
-
-def _copy_weight(param: torch.Tensor, tensor: torch.Tensor) -> None:
-    if param.shape != tensor.shape:
-        raise ValueError(
-            f"Shape mismatch: parameter {tuple(param.shape)}, tensor {tuple(tensor.shape)}"
-        )
-    param.data.copy_(tensor)

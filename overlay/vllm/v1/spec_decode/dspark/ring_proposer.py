@@ -1,4 +1,4 @@
-"""DSpark on V1 with the draft context kept by the proposer itself.
+"""DSpark for DeepSeek-V4 on V1, with the draft context kept by the proposer itself.
 
 A per-request ring of projected target positions ("ring"), addressed through a
 request-stable slot table so that V1's row reordering and condensing can never
@@ -18,13 +18,13 @@ from torch import nn
 
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
+from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import (
     get_draft_load_config,
     process_weights_after_loading,
 )
-from vllm.model_executor.models.utils import get_draft_quant_config
 from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -36,7 +36,6 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
-from vllm.v1.spec_decode.dspark.qwen3 import Qwen3DSparkBackbone, qwen3_target_layer_ids
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
@@ -47,8 +46,9 @@ logger = init_logger(__name__)
 
 
 class DSparkRingProposer(EagleProposer):
-    """DSpark for sliding-window drafts: the draft context is a per-request
-    ring of projected target positions behind a request-stable slot table."""
+    """DSpark for DeepSeek-V4 checkpoints (``mtp.*`` stages, sliding window W): the draft
+    context is a per-request ring of projected target positions behind a request-stable slot
+    table."""
 
     def __init__(
         self,
@@ -60,7 +60,12 @@ class DSparkRingProposer(EagleProposer):
         # would be a missing mask token.
         from vllm.v1.spec_decode.dspark_proposer import draft_family
 
-        self._family = draft_family(vllm_config.speculative_config.draft_model_config)
+        draft_config = vllm_config.speculative_config.draft_model_config
+        if draft_family(draft_config) != "deepseek_v4":
+            raise ValueError(
+                f"DSparkRingProposer serves DeepSeek-V4 DSpark checkpoints only; "
+                f"'{draft_config.model}' is not one. Qwen3 DSpark drafts use the paged proposer."
+            )
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
         self._runner = runner
@@ -124,6 +129,16 @@ class DSparkRingProposer(EagleProposer):
                 f"dspark_options.window={self.options.window} conflicts with the "
                 f"draft's own sliding window of {backbone.window}; drop the option."
             )
+        cache_config = self.vllm_config.cache_config
+        if cache_config.enable_prefix_caching and cache_config.block_size < backbone.window:
+            # A hit recomputes at least one block (V1's EAGLE replay boundary); the ring
+            # of a request starting from a hit then holds fewer than W positions.
+            logger.warning(
+                "KV block size %d is shorter than the DSpark window %d: after a prefix-cache "
+                "hit the draft sees only the recomputed tail (lower acceptance, same output).",
+                cache_config.block_size,
+                backbone.window,
+            )
         ring = ContextRing(
             num_slots=self._slot_table.capacity + 1,
             window=backbone.window,
@@ -153,50 +168,20 @@ class DSparkRingProposer(EagleProposer):
         )
 
     def _build_draft_model(self) -> DSparkDraftModel:
-        """Build the draft of the checkpoint's family and load it strictly."""
+        """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
         config = self.draft_model_config.hf_config
         self._validate_block_size(config)
-        vocab_size = self.vllm_config.model_config.get_vocab_size()
-        dtype = self.draft_model_config.dtype
         loader = get_model_loader(get_draft_load_config(self.vllm_config))
         with (
             set_current_vllm_config(self.vllm_config),
-            set_default_torch_dtype(dtype),
+            set_default_torch_dtype(self.draft_model_config.dtype),
             torch.device(self.device),
         ):
-            if self._family == "deepseek_v4":
-                model = build_deepseek_v4_draft_model(config, vocab_size=vocab_size, dtype=dtype)
-                load_deepseek_v4_draft(
-                    model, loader.get_all_weights(self.draft_model_config, model)
-                )
-                return model
-            self._validate_target_layers(config)
-            backbone = Qwen3DSparkBackbone(
-                config,
-                self._resolve_window(config),
-                get_draft_quant_config(self.vllm_config),
-                prefix="dspark",
-            )
-            model = DSparkDraftModel(
-                config,
-                backbone,
-                markov_rank=config.markov_rank,
-                vocab_size=vocab_size,
-                confidence_head_optional=True,
-            )
-            model.load_weights(loader.get_all_weights(self.draft_model_config, model))
-            return model
-
-    def _validate_target_layers(self, config) -> None:
-        num_target_layers = self.vllm_config.model_config.get_total_num_hidden_layers()
-        layer_ids = qwen3_target_layer_ids(config)
-        bad = [i for i in layer_ids if not -1 <= i < num_target_layers]
-        if bad or sorted(set(layer_ids)) != layer_ids:
-            raise ValueError(
-                f"DSpark target_layer_ids {layer_ids} must be strictly increasing "
-                f"and within [-1, {num_target_layers - 1}] for this "
-                f"{num_target_layers}-layer target."
-            )
+            model = build_deepseek_v4_draft_model(self.vllm_config)
+        load_deepseek_v4_draft(
+            model, loader.get_all_weights(self.draft_model_config, model), config
+        )
+        return model
 
     def _validate_block_size(self, config) -> None:
         block_size = getattr(config, "block_size", None) or getattr(
@@ -214,15 +199,6 @@ class DSparkRingProposer(EagleProposer):
                 block_size,
                 self.num_speculative_tokens,
             )
-
-    def _resolve_window(self, config) -> int:
-        """The draft's own sliding window if its layers declare one, else the
-        ``window`` option, else the full model length (exact full context)."""
-        layer_types = getattr(config, "layer_types", None) or []
-        sliding = getattr(config, "sliding_window", None)
-        if "sliding_attention" in layer_types and sliding:
-            return sliding
-        return self.options.window or self.max_model_len
 
     # Runner hooks -------------------------------------------------------------
     def initialize_attn_backend(
@@ -253,7 +229,14 @@ class DSparkRingProposer(EagleProposer):
             (num_requests,), self._slot_table.scratch_slot, dtype=torch.int64, device=self.device
         )
         anchors = torch.zeros(num_requests, dtype=torch.int64, device=self.device)
-        self._drafter.draft(scratch, anchors, anchors, self.num_speculative_tokens)
+        with self._draft_context(num_requests):
+            self._drafter.draft(scratch, anchors, anchors, self.num_speculative_tokens)
+
+    def _draft_context(self, num_requests: int):
+        """vLLM's fused MoE layers look themselves up in the forward context."""
+        return set_forward_context(
+            None, self.vllm_config, num_tokens=num_requests * self.num_speculative_tokens
+        )
 
     def propose(
         self,
@@ -279,16 +262,17 @@ class DSparkRingProposer(EagleProposer):
         self._slot_buffer.np[:num_requests] = self._row_to_slot(req_ids)
         request_slots = self._slot_buffer.copy_to_gpu(num_requests)
 
-        output = self._drafter.step(
-            request_slots,
-            target_hidden_states,
-            target_positions.long(),
-            common_attn_metadata.query_start_loc[: num_requests + 1],
-            num_rejected_tokens_gpu,
-            next_token_ids[:num_requests],
-            num_speculative_tokens,
-            with_confidence=self.options.scheduling.needs_confidence,
-        )
+        with self._draft_context(num_requests):
+            output = self._drafter.step(
+                request_slots,
+                target_hidden_states,
+                target_positions.long(),
+                common_attn_metadata.query_start_loc[: num_requests + 1],
+                num_rejected_tokens_gpu,
+                next_token_ids[:num_requests],
+                num_speculative_tokens,
+                with_confidence=self.options.scheduling.needs_confidence,
+            )
         if output.confidence is not None:
             # A fresh tensor each step: the runner may still be copying the last.
             self._draft_token_lengths = schedule_lengths(

@@ -1,17 +1,13 @@
 """The DeepSeek-V4-Flash DSpark draft (``mtp.0..N-1`` of the target checkpoint) as a backbone."""
 
-import types
-from collections.abc import Iterable
-
 import torch
 from torch import Tensor, nn
 
-from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
+from vllm.config import VllmConfig
 
 from ..backbone import DSparkBackbone
-from .config import DeepSeekV4DSparkConfig, TensorParallelShard
-from .layers import AllReduce, DSparkStage
-from .loader import load_backbone_weights
+from .config import DeepSeekV4DSparkConfig
+from .layers import DSparkStage
 
 
 class DeepSeekV4DSparkBackbone(DSparkBackbone):
@@ -19,41 +15,23 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
 
     A ring entry holds, per stage, that stage's RoPE'd KV of one target position:
     ``ring_entry_shape = (num_stages, head_dim)``. Embedding and lm_head belong to the target.
+    Construct inside ``set_current_vllm_config`` on the target device.
     """
 
-    def __init__(
-        self,
-        config: DeepSeekV4DSparkConfig,
-        *,
-        dtype: torch.dtype = torch.bfloat16,
-        shard: TensorParallelShard | None = None,
-        all_reduce: AllReduce | None = None,
-    ) -> None:
-        """Construct inside ``set_current_vllm_config`` (vLLM's norms and activations need it).
-        ``all_reduce`` sums the ranks' partial outputs; None leaves them partial (one rank)."""
+    def __init__(self, vllm_config: VllmConfig, prefix: str = "dspark") -> None:
         super().__init__()
-        self.config = config
-        self.shard = shard or TensorParallelShard()
-        self.window = config.sliding_window
-        self.ring_entry_shape = (config.num_stages, config.head_dim)
-        self.hidden_size = config.hidden_size
-        # Draft stages use the sliding-window rotary of the target (rope_theta, no YaRN): the
-        # same builder vLLM's DeepSeek-V4 attention uses for layers with compress_ratio 1.
-        rotary = build_deepseek_v4_rope(
-            types.SimpleNamespace(
-                rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-                rope_theta=config.rope_theta,
-            ),
-            head_dim=config.head_dim,
-            rope_head_dim=config.qk_rope_head_dim,
-            max_position_embeddings=config.max_position_embeddings,
-            compress_ratio=1,
-        )
+        hf_config = vllm_config.speculative_config.draft_model_config.hf_config
+        self.config = DeepSeekV4DSparkConfig.from_hf_config(hf_config)
+        self.window = self.config.sliding_window
+        self.ring_entry_shape = (self.config.num_stages, self.config.head_dim)
+        self.hidden_size = self.config.hidden_size
+        # Virtual layer ids past the target's, as upstream numbers its draft layers: they lie
+        # beyond num_hash_layers, so the MoE routes with noaux_tc.
+        first_id = max(self.config.num_hidden_layers, self.config.dspark_target_layer_ids[-1] + 1)
         self.stages = nn.ModuleList(
-            DSparkStage(config, index, rotary, self.shard, all_reduce, dtype)
-            for index in range(config.num_stages)
+            DSparkStage(vllm_config, hf_config, index, prefix=f"{prefix}.layers.{first_id + index}")
+            for index in range(self.config.num_stages)
         )
-        self.requires_grad_(False)
 
     def context_entries(self, target_features: Tensor, positions: Tensor) -> Tensor:
         """[rows, nT*H] -> [rows, num_stages, head_dim]: per stage RoPE(kv_norm(W_kv^s main_x))."""
@@ -69,17 +47,14 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
         context_positions: Tensor,
         context_mask: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        """Runs the block through every stage; returns (norm(dense), dense).
+        """Runs the block through every stage; returns (norm(dense), dense), each [B, n, H].
 
         ``context_positions`` is not needed: entries already carry their RoPE.
         """
-        streams = block_embeds.unsqueeze(-2).repeat(1, 1, self.config.hc_mult, 1)
+        batch, block, hidden = block_embeds.shape
+        streams = block_embeds.flatten(0, 1).unsqueeze(1).repeat(1, self.config.hc_mult, 1)
         for index, stage in enumerate(self.stages):
             streams = stage(streams, block_positions, context[:, :, index], context_mask)
         last = self.stages[-1]
-        dense = last.hc_head(streams)
+        dense = last.hc_head(streams).view(batch, block, hidden)
         return last.norm(dense), dense
-
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> set[str]:
-        """Strict load of the ``mtp.*`` tensors (see ``loader.py``); returns the filled names."""
-        return load_backbone_weights(self, weights)

@@ -15,24 +15,6 @@ class DSparkConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class TensorParallelShard:
-    """This rank's place in the tensor-parallel group (rank 0 of 1 = unsharded)."""
-
-    rank: int = 0
-    size: int = 1
-
-    def range(self, total: int, what: str) -> tuple[int, int]:
-        """[start, end) of this rank's equal share of ``total`` items."""
-        if total % self.size:
-            raise DSparkConfigError(
-                f"{what} = {total} is not divisible by the tensor-parallel size {self.size}; "
-                "choose a tensor-parallel size that divides it"
-            )
-        share = total // self.size
-        return self.rank * share, (self.rank + 1) * share
-
-
-@dataclass(frozen=True)
 class DeepSeekV4DSparkConfig:
     """Geometry of the draft; names match the checkpoint's ``config.json``."""
 

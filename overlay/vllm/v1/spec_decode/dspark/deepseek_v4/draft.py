@@ -3,21 +3,14 @@
 import types
 from collections.abc import Iterable
 
-import torch
 from torch import Tensor
 from transformers import PretrainedConfig
 
-from vllm.distributed import (
-    get_tensor_model_parallel_rank,
-    get_tensor_model_parallel_world_size,
-    tensor_model_parallel_all_reduce,
-)
+from vllm.config import VllmConfig
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 
 from .backbone import DeepSeekV4DSparkBackbone
-from .config import DeepSeekV4DSparkConfig, TensorParallelShard
-from .layers import AllReduce
-from .loader import deepseek_v4_draft_weights
+from .loader import load_draft_weights
 
 
 def is_deepseek_v4_dspark(hf_config: PretrainedConfig) -> bool:
@@ -28,28 +21,13 @@ def is_deepseek_v4_dspark(hf_config: PretrainedConfig) -> bool:
 
 
 def build_deepseek_v4_draft_model(
-    hf_config: PretrainedConfig | dict,
-    *,
-    vocab_size: int,
-    dtype: torch.dtype,
-    shard: TensorParallelShard | None = None,
-    prefix: str = "dspark",
+    vllm_config: VllmConfig, prefix: str = "dspark"
 ) -> DSparkDraftModel:
-    """Validates the config and builds the draft (construct inside ``set_current_vllm_config``).
-
-    ``shard`` defaults to this process's place in vLLM's tensor-parallel group, with vLLM's
-    all-reduce; an explicit shard gets no all-reduce (modules return their partial sums).
-    The V4 confidence head reads ``[dense ; W1[prev]]`` (``H + r`` inputs) and has no bias.
-    """
-    config = DeepSeekV4DSparkConfig.from_hf_config(hf_config)
-    all_reduce: AllReduce | None = None
-    if shard is None:
-        shard = TensorParallelShard(
-            get_tensor_model_parallel_rank(), get_tensor_model_parallel_world_size()
-        )
-        if shard.size > 1:
-            all_reduce = tensor_model_parallel_all_reduce
-    backbone = DeepSeekV4DSparkBackbone(config, dtype=dtype, shard=shard, all_reduce=all_reduce)
+    """Validates the config and builds the draft (inside ``set_current_vllm_config``, on the
+    target device, with vLLM's tensor-parallel group initialised). The V4 confidence head reads
+    ``[dense ; W1[prev]]`` (``H + r`` inputs) and has no bias."""
+    backbone = DeepSeekV4DSparkBackbone(vllm_config, prefix=prefix)
+    config = backbone.config
     heads_config = types.SimpleNamespace(
         enable_confidence_head=config.enable_confidence_head, confidence_head_with_markov=True
     )
@@ -57,13 +35,17 @@ def build_deepseek_v4_draft_model(
         heads_config,
         backbone,
         markov_rank=config.dspark_markov_rank,
-        vocab_size=vocab_size,
+        vocab_size=vllm_config.model_config.get_vocab_size(),
         prefix=prefix,
         confidence_bias=False,
     )
 
 
-def load_deepseek_v4_draft(model: DSparkDraftModel, weights: Iterable[tuple[str, Tensor]]) -> None:
-    """Loads the draft from the whole target checkpoint's tensors, strictly."""
+def load_deepseek_v4_draft(
+    model: DSparkDraftModel, weights: Iterable[tuple[str, Tensor]], hf_config: PretrainedConfig
+) -> None:
+    """Loads the draft from the whole target checkpoint's tensors, strictly, as shipped."""
     assert isinstance(model.backbone, DeepSeekV4DSparkBackbone)
-    model.load_weights(deepseek_v4_draft_weights(weights, model.backbone.config))
+    load_draft_weights(
+        model, model.backbone.config, weights, getattr(hf_config, "expert_dtype", "fp4")
+    )

@@ -2,46 +2,49 @@
 
 The reference recipe skipped names it did not recognise, which silently dropped the shared
 experts' w1/w3 and halved decode speed. Here every draft tensor the config implies must be present
-and every ``mtp.*`` name must be understood, or start-up fails naming the tensors.
+and every ``mtp.*`` name must be understood, or start-up fails naming the tensors. Tensors load as
+shipped (FP8 block-scaled linears, MXFP4 or FP8 routed experts, with their ``.scale``) through the
+``weight_loader`` of the vLLM layer that owns them; nothing is dequantised here.
 
-Checkpoint name -> backbone parameter (``stages.{s}.`` prefix):
-- ``ffn.shared_experts.w1``/``w3`` -> rows [0, I) / [I, 2I) of ``ffn.shared_experts.gate_up_proj``;
-  ``w2`` -> ``down_proj``.
-- ``ffn.experts.{e}.w1``/``w3`` -> ``ffn.experts.w13_weight[e]``; ``w2`` -> ``w2_weight[e]``.
-- ``ffn.gate.bias`` -> ``ffn.gate.e_score_correction_bias``.
-- ``hc_{attn,ffn,head}_{fn,base,scale}`` -> ``hc_{attn,ffn,head}.{fn,base,scale}``.
-- ``markov_head.*`` and ``confidence_head.*`` of the last stage are renamed for the shared heads
-  of ``DSparkDraftModel``, which loads (and checks) them.
-
-Quantised tensors are dequantised to the backbone dtype: FP8 (e4m3) weights with a ``.scale`` of
-128x128 blocks (fp32 or ue8m0), and MXFP4 routed experts (packed e2m1, ue8m0 scale per 32 values).
+Checkpoint name (``mtp.{s}.`` prefix) -> draft parameter (``backbone.stages.{s}.`` prefix):
+- ``attn.wq_a`` / ``attn.wkv`` -> shards 0 / 1 of ``attn.fused_wqa_wkv``;
+- ``attn.wo_a`` -> ``attn.wo_a.{g}`` (rows of output group g, one linear per group);
+- ``attn.attn_sink`` -> this rank's heads of ``attn.attn_sink``;
+- ``ffn.shared_experts.w1`` / ``w3`` -> shards 0 / 1 of ``ffn.shared_experts.gate_up_proj``;
+  ``w2`` -> ``down_proj``;
+- ``ffn.experts.{e}.w{1,2,3}`` -> vLLM's fused-MoE expert mapping;
+- ``ffn.gate.bias`` -> ``ffn.gate.e_score_correction_bias``;
+- ``.scale`` -> ``.weight_scale`` (FP4 routed experts) or ``.weight_scale_inv`` (FP8);
+- the last stage's ``markov_head.*`` / ``confidence_head.*`` -> the draft model's heads.
 """
 
 import re
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from vllm.model_executor.layers.quantization.utils.fp8_utils import _upcast_e8m0_to_fp32
-from vllm.model_executor.layers.quantization.utils.nvfp4_emulation_utils import break_fp4_bytes
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_mapping
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-from .config import DeepSeekV4DSparkConfig, TensorParallelShard
+from .config import DeepSeekV4DSparkConfig
 
 if TYPE_CHECKING:
-    from .backbone import DeepSeekV4DSparkBackbone
+    from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 
-_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
-_EXPERT_NAME = re.compile(r"ffn\.experts\.(\d+)\.(w[123])\.weight")
-# Packed FP4 (two e2m1 values per byte, low nibble first) with one ue8m0 scale per 32 values
-# along the input dimension: the MXFP4 layout of DeepSeek-V4-Flash's routed experts.
-_FP4_DTYPES = tuple(
-    getattr(torch, name) for name in ("float4_e2m1fn_x2", "int8", "uint8") if hasattr(torch, name)
-)
-_MXFP4_GROUP = 32
+_EXPERT_NAME = re.compile(r"ffn\.experts\.\d+\.w[123]\.(weight|scale)")
+_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
+_STACKED = {
+    "attn.wq_a": ("attn.fused_wqa_wkv", 0),
+    "attn.wkv": ("attn.fused_wqa_wkv", 1),
+    "ffn.shared_experts.w1": ("ffn.shared_experts.gate_up_proj", 0),
+    "ffn.shared_experts.w3": ("ffn.shared_experts.gate_up_proj", 1),
+}
+_RENAMES = {"ffn.shared_experts.w2": "ffn.shared_experts.down_proj"}
+_EXACT_RENAMES = {"ffn.gate.bias": "ffn.gate.e_score_correction_bias"}
 _SHOWN_NAMES = 20
 
 
@@ -49,34 +52,8 @@ class DSparkCheckpointError(ValueError):
     """The checkpoint's draft tensors do not match the draft the config describes."""
 
 
-@dataclass(frozen=True)
-class _Destination:
-    """Where a checkpoint tensor goes: ``param[index]`` after taking this rank's shard along
-    ``shard_dim`` (``shard_units`` units of ``unit`` rows/columns, split evenly across ranks)."""
-
-    param: str
-    index: tuple[int | slice, ...] = ()
-    shard_dim: int | None = None
-    shard_units: int = 0
-    unit: int = 1
-
-
-def deepseek_v4_draft_weights(
-    weights: Iterable[tuple[str, Tensor]], config: DeepSeekV4DSparkConfig
-) -> Iterator[tuple[str, Tensor]]:
-    """The draft's tensors out of the whole target checkpoint: ``mtp.*`` only, with the last
-    stage's ``markov_head.*``/``confidence_head.*`` renamed to the shared heads' names."""
-    last = f"mtp.{config.num_stages - 1}."
-    for name, tensor in weights:
-        if name.startswith(last) and name.removeprefix(last).startswith(_HEAD_PREFIXES):
-            yield name.removeprefix(last), tensor
-        elif name.startswith("mtp."):
-            yield name, tensor
-
-
-def expected_backbone_names(config: DeepSeekV4DSparkConfig) -> list[str]:
-    """Every ``mtp.*`` tensor (``.scale`` companions aside) the backbone of ``config`` needs;
-    the Markov and confidence heads are loaded by the draft model that owns them."""
+def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) -> list[str]:
+    """Every ``mtp.*`` tensor (``.scale`` companions aside) the draft of ``config`` needs."""
     per_stage = [
         *(f"attn.{w}.weight" for w in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "q_norm", "kv_norm")),
         "attn.attn_sink",
@@ -92,34 +69,42 @@ def expected_backbone_names(config: DeepSeekV4DSparkConfig) -> list[str]:
             for w in ("w1", "w2", "w3")
         ),
     ]
+    last = config.num_stages - 1
     names = []
     for stage in range(config.num_stages):
         rest = list(per_stage)
         if stage == 0:
             rest += ["main_proj.weight", "main_norm.weight"]
-        if stage == config.num_stages - 1:
+        if stage == last:
             rest += ["norm.weight", *(f"hc_head_{p}" for p in ("fn", "base", "scale"))]
+            rest += ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+            if with_confidence:
+                rest.append("confidence_head.proj.weight")
         names += [f"mtp.{stage}.{r}" for r in rest]
     return names
 
 
-def load_backbone_weights(
-    backbone: "DeepSeekV4DSparkBackbone",
+def load_draft_weights(
+    model: "DSparkDraftModel",
+    config: DeepSeekV4DSparkConfig,
     weights: Iterable[tuple[str, Tensor]],
-    *,
-    fp8_block: tuple[int, int] = (128, 128),
-) -> set[str]:
-    """Fills every backbone parameter from ``mtp.*`` tensors (as ``deepseek_v4_draft_weights``
-    yields them, heads already taken out) and returns the filled parameter names. Raises
-    ``DSparkCheckpointError`` naming missing or unknown tensors."""
-    config = backbone.config
-    draft = dict(weights)
-    _check_stages(draft, config.num_stages)
+    expert_dtype: str = "fp4",
+) -> None:
+    """Fills every draft parameter from the target checkpoint's ``mtp.*`` tensors.
 
-    expected = expected_backbone_names(config)
-    scales = {
-        n for n in draft if n.endswith(".scale") and n.removesuffix(".scale") + ".weight" in draft
-    }
+    Raises ``DSparkCheckpointError`` naming missing or unknown tensors before anything is copied.
+    """
+    draft = {name: tensor for name, tensor in weights if name.startswith("mtp.")}
+    _check_stages(draft, config.num_stages)
+    expected = expected_draft_names(config, with_confidence=model.confidence_head is not None)
+    confidence_prefix = f"mtp.{config.num_stages - 1}.confidence_head."
+    if model.confidence_head is not None and not any(
+        name.startswith(confidence_prefix) for name in draft
+    ):
+        # The head is enabled in config.json but not shipped: run without it (as upstream does).
+        model.confidence_head = None
+        expected = expected_draft_names(config, with_confidence=False)
+    scales = {n for n in draft if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in draft}
     unknown = sorted(set(draft) - set(expected) - scales)
     if unknown:
         raise DSparkCheckpointError(
@@ -134,21 +119,116 @@ def load_backbone_weights(
             f"dspark_target_layer_ids ({config.num_stages} stages)."
         )
 
-    params = dict(backbone.named_parameters())
-    filled: set[str] = set()
-    for name in expected:
-        destination = _destination(config, *_split(name), backbone.shard)
-        if destination is None:
-            continue  # a routed expert owned by another tensor-parallel rank
-        scale = draft.get(name.removesuffix(".weight") + ".scale")
-        tensor = _dequantize(name, draft[name], scale, fp8_block)
-        _copy(name, tensor, params[destination.param], destination, backbone.shard)
-        filled.add(destination.param)
-
-    unfilled = sorted(set(params) - filled)
+    params = dict(model.named_parameters())
+    loader = _ParameterLoader(model, config, params, expert_dtype)
+    for name in sorted(draft):
+        loader.load(name, draft[name])
+    unfilled = sorted(set(params) - loader.filled)
     if unfilled:  # a gap in this module's name mapping, never a user error
         raise AssertionError(f"draft parameters left unloaded: {_show(unfilled)}")
-    return filled
+
+
+class _ParameterLoader:
+    """Routes one checkpoint tensor to the vLLM parameter (and shard) that owns it."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: DeepSeekV4DSparkConfig,
+        params: dict[str, nn.Parameter],
+        expert_dtype: str,
+    ) -> None:
+        self.params = params
+        self.config = config
+        self.last = config.num_stages - 1
+        self.filled: set[str] = set()
+        self.expert_scale_suffix = ".weight_scale" if expert_dtype == "fp4" else ".weight_scale_inv"
+        self.expert_mapping = fused_moe_make_expert_params_mapping(
+            model,
+            ckpt_gate_proj_name="w1",
+            ckpt_down_proj_name="w2",
+            ckpt_up_proj_name="w3",
+            num_experts=config.n_routed_experts,
+        )
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        heads = config.num_attention_heads // tp_size
+        self.head_range = (tp_rank * heads, (tp_rank + 1) * heads)
+        groups = config.o_groups // tp_size
+        self.first_group, self.num_groups = tp_rank * groups, groups
+
+    def load(self, name: str, tensor: Tensor) -> None:
+        match = _STAGE_NAME.fullmatch(name)
+        assert match is not None, name
+        stage, rest = int(match.group(1)), match.group(2)
+        if stage == self.last and rest.startswith(_HEAD_PREFIXES):
+            self._load(rest, tensor)
+            return
+        prefix = f"backbone.stages.{stage}."
+        if _EXPERT_NAME.fullmatch(rest):
+            self._load_expert(prefix + rest, tensor)
+            return
+        base, _, kind = rest.rpartition(".")
+        suffix = ".weight_scale_inv" if kind == "scale" else f".{kind}"
+        if rest in _EXACT_RENAMES:
+            self._load(prefix + _EXACT_RENAMES[rest], tensor)
+        elif kind not in ("weight", "scale"):  # hc_* and attn_sink carry no suffix
+            start, end = self.head_range if rest == "attn.attn_sink" else (None, None)
+            self._load(prefix + rest, tensor[start:end])
+        elif base == "attn.wo_a":
+            self._load_grouped(prefix, suffix, tensor)
+        elif base in _STACKED:
+            param, shard = _STACKED[base]
+            self._load(prefix + param + suffix, tensor, lambda p, t: p.weight_loader(p, t, shard))
+        else:
+            self._load(prefix + _RENAMES.get(base, base) + suffix, tensor)
+
+    def _load(
+        self,
+        param_name: str,
+        tensor: Tensor,
+        weight_loader: Callable[[nn.Parameter, Tensor], object] | None = None,
+    ) -> None:
+        param = self.params.get(param_name)
+        if param is None:
+            raise DSparkCheckpointError(
+                f"draft parameter {param_name} does not exist for this checkpoint's tensor "
+                "(a quantisation scale for an unquantised draft, or a config mismatch)"
+            )
+        if weight_loader is None:
+            weight_loader = getattr(param, "weight_loader", default_weight_loader)
+        if not getattr(param, "weight_loader", None) and param.shape != tensor.shape:
+            raise DSparkCheckpointError(
+                f"{param_name} expects shape {tuple(param.shape)}, the checkpoint has "
+                f"{tuple(tensor.shape)} (config.json does not match the checkpoint)"
+            )
+        weight_loader(param, tensor)
+        self.filled.add(param_name)
+
+    def _load_grouped(self, prefix: str, suffix: str, tensor: Tensor) -> None:
+        """``wo_a`` rows (and scale rows) of each local output group into its own linear."""
+        rows = tensor.shape[0] // self.config.o_groups
+        for local in range(self.num_groups):
+            group = self.first_group + local
+            self._load(
+                f"{prefix}attn.wo_a.{local}{suffix}", tensor[group * rows : (group + 1) * rows]
+            )
+
+    def _load_expert(self, name: str, tensor: Tensor) -> None:
+        if name.endswith(".scale"):
+            name = name[: -len(".scale")] + self.expert_scale_suffix
+            if tensor.dtype == torch.float8_e8m0fnu:
+                tensor = tensor.view(torch.uint8)  # the MoE keeps the raw e8m0 exponents
+        for param_name, weight_name, expert_id, shard_id in self.expert_mapping:
+            if weight_name not in name:
+                continue
+            mapped = name.replace(weight_name, param_name)
+            param = self.params[mapped]
+            if param.weight_loader(
+                param, tensor, mapped, shard_id=shard_id, expert_id=expert_id, return_success=True
+            ):
+                self.filled.add(mapped)
+            return
+        raise AssertionError(f"no fused-MoE mapping for {name}")
 
 
 def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
@@ -164,124 +244,6 @@ def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
             f"dspark_target_layer_ids lists {num_stages}; they must agree (one stage per tapped "
             "target layer)"
         )
-
-
-def _split(name: str) -> tuple[int, str]:
-    """``mtp.{s}.{rest}`` -> (s, rest), for names taken from ``expected_backbone_names``."""
-    match = _STAGE_NAME.fullmatch(name)
-    assert match is not None, name
-    return int(match.group(1)), match.group(2)
-
-
-def _dequantize(name: str, weight: Tensor, scale: Tensor | None, block: tuple[int, int]) -> Tensor:
-    quantised = weight.dtype == torch.float8_e4m3fn or weight.dtype in _FP4_DTYPES
-    if quantised and scale is None:
-        raise DSparkCheckpointError(f"quantised tensor {name} has no companion .scale tensor")
-    if not quantised:
-        if scale is not None:
-            raise DSparkCheckpointError(
-                f"{name} has a .scale tensor but is neither FP8 nor packed FP4 ({weight.dtype})"
-            )
-        return weight
-    if scale.dtype == torch.float8_e8m0fnu:
-        scale = _upcast_e8m0_to_fp32(scale)
-    scale = scale.float()
-    if weight.dtype == torch.float8_e4m3fn:
-        rows, cols = weight.shape
-        expanded = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)
-        return weight.float() * expanded[:rows, :cols]
-    values = break_fp4_bytes(weight.view(torch.uint8), torch.float32)
-    if scale.shape != (values.shape[0], values.shape[1] // _MXFP4_GROUP):
-        raise DSparkCheckpointError(
-            f"MXFP4 tensor {name} unpacks to {tuple(values.shape)} but its .scale has shape "
-            f"{tuple(scale.shape)}; expected one scale per {_MXFP4_GROUP} values"
-        )
-    return values * scale.repeat_interleave(_MXFP4_GROUP, -1)
-
-
-_RENAMES = {
-    "ffn.gate.bias": "ffn.gate.e_score_correction_bias",
-    **{
-        f"hc_{part}_{p}": f"hc_{part}.{p}"
-        for part in ("attn", "ffn", "head")
-        for p in ("fn", "base", "scale")
-    },
-}
-
-
-def _destination(
-    config: DeepSeekV4DSparkConfig, stage: int, rest: str, shard: TensorParallelShard
-) -> _Destination | None:
-    """Maps one checkpoint tensor to its backbone parameter and this rank's shard of it."""
-    prefix = f"stages.{stage}."
-    head_dim, o_lora = config.head_dim, config.o_lora_rank
-    shared = config.moe_intermediate_size * config.n_shared_experts
-    local_shared = shared // shard.size
-    inter = config.moe_intermediate_size
-    if match := _EXPERT_NAME.fullmatch(rest):
-        expert = int(match.group(1))
-        start, end = shard.range(config.n_routed_experts, "n_routed_experts")
-        if not start <= expert < end:
-            return None
-        local = expert - start
-        which = match.group(2)
-        if which == "w2":
-            return _Destination(prefix + "ffn.experts.w2_weight", (local,))
-        rows = slice(0, inter) if which == "w1" else slice(inter, 2 * inter)
-        return _Destination(prefix + "ffn.experts.w13_weight", (local, rows))
-    sharded = {
-        "attn.wq_b.weight": _Destination(
-            prefix + "attn.wq_b.weight", (), 0, config.num_attention_heads, head_dim
-        ),
-        "attn.attn_sink": _Destination(
-            prefix + "attn.attn_sink", (), 0, config.num_attention_heads
-        ),
-        "attn.wo_a.weight": _Destination(
-            prefix + "attn.wo_a.weight", (), 0, config.o_groups, o_lora
-        ),
-        "attn.wo_b.weight": _Destination(
-            prefix + "attn.wo_b.weight", (), 1, config.o_groups, o_lora
-        ),
-        "ffn.shared_experts.w1.weight": _Destination(
-            prefix + "ffn.shared_experts.gate_up_proj.weight", (slice(0, local_shared),), 0, shared
-        ),
-        "ffn.shared_experts.w3.weight": _Destination(
-            prefix + "ffn.shared_experts.gate_up_proj.weight",
-            (slice(local_shared, 2 * local_shared),),
-            0,
-            shared,
-        ),
-        "ffn.shared_experts.w2.weight": _Destination(
-            prefix + "ffn.shared_experts.down_proj.weight", (), 1, shared
-        ),
-    }
-    if rest in sharded:
-        return sharded[rest]
-    return _Destination(prefix + _RENAMES.get(rest, rest))
-
-
-def _copy(
-    name: str,
-    tensor: Tensor,
-    param: torch.nn.Parameter,
-    destination: _Destination,
-    shard: TensorParallelShard,
-) -> None:
-    target = param.data[destination.index]
-    full_shape = list(target.shape)
-    if destination.shard_dim is not None:
-        full_shape[destination.shard_dim] = destination.shard_units * destination.unit
-    if list(tensor.shape) != full_shape:
-        raise DSparkCheckpointError(
-            f"{name} has shape {tuple(tensor.shape)}, the draft expects {tuple(full_shape)} "
-            "(config.json does not match the checkpoint)"
-        )
-    if destination.shard_dim is not None:
-        start, end = shard.range(destination.shard_units, name)
-        tensor = tensor.narrow(
-            destination.shard_dim, start * destination.unit, (end - start) * destination.unit
-        )
-    target.copy_(tensor)
 
 
 def _show(names: list[str]) -> str:

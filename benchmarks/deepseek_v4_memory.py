@@ -1,0 +1,199 @@
+"""Memory of the DeepSeek-V4-Flash DSpark draft: as vLLM loads it vs as the checkpoint ships it.
+
+Builds the draft exactly as the proposer does (vLLM's DeepSeek-V4 MoE, quantised linears and
+mHC parameters) for the published DeepSeek-V4-Flash config on the meta device, so no weights are
+read or allocated, and sums its parameters' bytes. Next to it: the bytes of the checkpoint's
+``mtp.*`` tensors in their shipped formats (FP8 e4m3 linears with one ue8m0 scale per 128x128
+block, MXFP4 routed experts with one ue8m0 scale per 32 values, bf16 norms and heads, fp32 mHC),
+and the proposer's ring at max_num_seqs 16 and 256.
+
+On a CPU without AMX, vLLM picks no FP8-block linear kernel and no MXFP4 MoE backend; the script
+then accepts vLLM's CPU FP8 kernel class and the Triton MXFP4 backend for construction only
+(parameters are created by the quantisation methods themselves; no kernel runs on meta tensors).
+
+    python -m benchmarks.deepseek_v4_memory
+"""
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import torch
+
+# Published DeepSeek-V4-Flash config.json values (reference notes, dspark-algorithm.md section 2).
+V4_FLASH_CONFIG: dict = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 129280,
+    "hidden_size": 4096,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_lora_rank": 1024,
+    "o_groups": 8,
+    "sliding_window": 128,
+    "compress_ratios": [0, 0, *([4, 128] * 20), 0],
+    "compress_rope_theta": 160000,
+    "index_topk": 512,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "max_position_embeddings": 1048576,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "hidden_act": "silu",
+    "num_hash_layers": 3,
+    "num_nextn_predict_layers": 1,
+    "expert_dtype": "fp4",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic",
+    },
+    "dspark_block_size": 5,
+    "dspark_noise_token_id": 128799,
+    "dspark_target_layer_ids": [40, 41, 42],
+    "dspark_markov_rank": 256,
+}
+FP8_BLOCK = 128
+MXFP4_GROUP = 32
+GIB = 2**30
+
+
+def checkpoint_mtp_bytes(config: dict) -> int:
+    """Bytes of every ``mtp.*`` tensor in the format DeepSeek-V4-Flash ships it."""
+    from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, expected_draft_names
+
+    c = DeepSeekV4DSparkConfig.from_hf_config(config)
+    H, D, heads, groups = c.hidden_size, c.head_dim, c.num_attention_heads, c.o_groups
+    inter, shared = c.moe_intermediate_size, c.moe_intermediate_size * c.n_shared_experts
+    n, V, r = c.hc_mult, c.vocab_size, c.dspark_markov_rank
+    fp8 = {  # name -> (out, in)
+        "attn.wq_a.weight": (c.q_lora_rank, H),
+        "attn.wq_b.weight": (heads * D, c.q_lora_rank),
+        "attn.wkv.weight": (D, H),
+        "attn.wo_a.weight": (groups * c.o_lora_rank, heads // groups * D),
+        "attn.wo_b.weight": (H, groups * c.o_lora_rank),
+        "ffn.shared_experts.w1.weight": (shared, H),
+        "ffn.shared_experts.w3.weight": (shared, H),
+        "ffn.shared_experts.w2.weight": (H, shared),
+        "main_proj.weight": (H, c.num_stages * H),
+    }
+    fp4 = {"w1": (inter, H), "w3": (inter, H), "w2": (H, inter)}
+    plain = {  # name -> (elements, bytes per element)
+        "attn.q_norm.weight": (c.q_lora_rank, 2),
+        "attn.kv_norm.weight": (D, 2),
+        "attn.attn_sink": (heads, 4),
+        "attn_norm.weight": (H, 2),
+        "ffn_norm.weight": (H, 2),
+        "main_norm.weight": (H, 2),
+        "norm.weight": (H, 2),
+        "ffn.gate.weight": (c.n_routed_experts * H, 2),
+        "ffn.gate.bias": (c.n_routed_experts, 4),
+        "hc_attn_fn": ((2 + n) * n * n * H, 4),
+        "hc_ffn_fn": ((2 + n) * n * n * H, 4),
+        "hc_attn_base": ((2 + n) * n, 4),
+        "hc_ffn_base": ((2 + n) * n, 4),
+        "hc_attn_scale": (3, 4),
+        "hc_ffn_scale": (3, 4),
+        "hc_head_fn": (n * n * H, 4),
+        "hc_head_base": (n, 4),
+        "hc_head_scale": (1, 4),
+        "markov_head.markov_w1.weight": (V * r, 2),
+        "markov_head.markov_w2.weight": (V * r, 2),
+        "confidence_head.proj.weight": (H + r, 2),
+    }
+    total = 0
+    for name in expected_draft_names(c, with_confidence=True):
+        rest = name.split(".", 2)[2]
+        if rest in fp8:
+            out, inp = fp8[rest]
+            total += out * inp + math.ceil(out / FP8_BLOCK) * math.ceil(inp / FP8_BLOCK)
+        elif ".experts." in rest:
+            out, inp = fp4[rest.split(".")[3]]
+            total += out * inp // 2 + out * inp // MXFP4_GROUP
+        else:
+            elements, size = plain[rest]
+            total += elements * size
+    return total
+
+
+def loaded_draft_bytes(config: dict) -> int:
+    """Parameter bytes of the draft as the proposer builds it, on the meta device."""
+    import vllm.model_executor.kernels.linear as linear_kernels
+    import vllm.model_executor.layers.quantization.mxfp4 as mxfp4
+    from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+    from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        linear_kernels.is_supported_and_can_implement_kernel = lambda *args, **kwargs: (True, None)
+        mxfp4.select_deepseek_v4_mxfp4_moe_backend = lambda moe_config: (
+            Mxfp4MoeBackend.TRITON_UNFUSED,
+            None,
+        )
+    with tempfile.TemporaryDirectory() as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(config))
+        vllm_config = v4_vllm_config(Path(model_dir), k=config["dspark_block_size"])
+        model = build_draft(vllm_config, device="meta")
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def ring_bytes(config: dict, max_num_seqs: int) -> int:
+    """The proposer's ring (values, tags and write scratch) for ``max_num_seqs`` slots + scratch."""
+    from vllm.v1.spec_decode.dspark.ring import ContextRing
+
+    ring = ContextRing(
+        num_slots=max_num_seqs + 1,
+        window=config["sliding_window"],
+        entry_shape=(len(config["dspark_target_layer_ids"]), config["head_dim"]),
+        dtype=torch.bfloat16,
+        device=torch.device("meta"),
+    )
+    buffers = (ring._flat_values, ring._flat_tags, ring._winner_rank)
+    return sum(t.numel() * t.element_size() for t in buffers)
+
+
+def main() -> None:
+    shipped = checkpoint_mtp_bytes(V4_FLASH_CONFIG)
+    loaded = loaded_draft_bytes(V4_FLASH_CONFIG)
+    print("DeepSeek-V4-Flash DSpark draft (3 stages), bytes")
+    print(f"  checkpoint mtp.* as shipped : {shipped:>15,d}  ({shipped / GIB:.2f} GiB)")
+    print(f"  draft as loaded by vLLM     : {loaded:>15,d}  ({loaded / GIB:.2f} GiB)")
+    print(f"  loaded / shipped            : {loaded / shipped:.4f}")
+    for max_num_seqs in (16, 256):
+        size = ring_bytes(V4_FLASH_CONFIG, max_num_seqs)
+        label = f"ring, max_num_seqs={max_num_seqs}"
+        print(f"  {label:<28s}: {size:>15,d}  ({size / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Fixtures for the real vLLM CPU engine serving a tiny DeepSeek-V4 target with its ``mtp.*`` draft.
+
+Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tests can change the
+proposer's module state. The Triton stand-ins (``standins.py``) are installed once per session
+where Triton cannot run; hosts whose vLLM extension lacks the DeepSeek-V4 C++ ops (AVX2-only
+CPUs) skip these tests, naming the missing ops.
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.update(
+    HF_HUB_OFFLINE="1",
+    VLLM_CPU_KVCACHE_SPACE="1",
+    VLLM_USE_V2_MODEL_RUNNER="0",
+    VLLM_ENABLE_V1_MULTIPROCESSING="0",
+)
+
+from tests.engine_v4 import standins, tiny_v4
+
+
+@dataclass
+class TinyV4:
+    oracle: Path
+    """Bigram target (``cycle_next``) with the ring-reading oracle draft."""
+    noisy: Path
+    """Context-dependent target that mostly follows the cycle, same draft: partial acceptance."""
+
+
+@pytest.fixture(scope="session")
+def tiny_v4_models(tmp_path_factory: pytest.TempPathFactory) -> TinyV4:
+    missing = standins.missing_cpp_ops()
+    if missing:
+        pytest.skip(
+            "this CPU's vLLM extension lacks the DeepSeek-V4 ops "
+            + ", ".join(missing)
+            + " (built for AVX512-BF16 hosts only)"
+        )
+    standins.install_triton_standins()
+    root = tmp_path_factory.mktemp("tiny-v4")
+    return TinyV4(
+        oracle=tiny_v4.save_v4_target(root / "oracle", tiny_v4.oracle_v4_checkpoint()),
+        noisy=tiny_v4.save_v4_target(
+            root / "noisy", tiny_v4.oracle_v4_checkpoint(target_noise=0.3)
+        ),
+    )

@@ -1,0 +1,105 @@
+"""DSpark with a DeepSeek-V4 target, end to end in the real vLLM CPU engine.
+
+``LLM(<tiny V4 target>, speculative_config={"method": "dspark", "num_speculative_tokens": k})``:
+the proposer reads the draft from the target checkpoint's own ``mtp.*`` tensors.
+"""
+
+import random
+
+import pytest
+import torch
+
+from benchmarks.host_syncs import HostSyncRecorder
+from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
+from tests.engine_v4.v4_harness import dspark, run_v4
+
+pytestmark = pytest.mark.engine
+
+K = 4
+
+
+class StepSyncRecorder(HostSyncRecorder):
+    """``HostSyncRecorder`` minus ``repeat_interleave`` by a constant (its output shape is known
+    without reading the device; vLLM's rotary repeats cos/sin that way)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func == torch.ops.aten.repeat_interleave.self_int:
+            return func(*args, **(kwargs or {}))
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def cycle_prompts(lengths: list[int]) -> list[list[int]]:
+    return [cycle_prompt(10 + PERIOD * i, n) for i, n in enumerate(lengths)]
+
+
+def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models, monkeypatch):
+    """The oracle's drafts are right only if slot j attends to the ring entry PERIOD positions
+    before its own RoPE position (reference notes section 6.3): then every draft is accepted.
+    The V4 draft step (ring write, draft, Markov chain) makes no host-syncing op."""
+    from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+
+    syncs: list[str] = []
+    step = BlockDrafter.step
+
+    def recorded_step(self, *args, **kwargs):
+        with StepSyncRecorder() as recorder:
+            output = step(self, *args, **kwargs)
+        syncs.extend(recorder.syncs)
+        return output
+
+    prompts = cycle_prompts([40, 45, 64, 50])
+    max_tokens = [24, 40, 17, 33]
+    plain = run_v4(tiny_v4_models.oracle, prompts, max_tokens, max_num_seqs=4)
+    monkeypatch.setattr(BlockDrafter, "step", recorded_step)
+    run = run_v4(tiny_v4_models.oracle, prompts, max_tokens, dspark(K), max_num_seqs=4)
+
+    assert run.token_ids == plain.token_ids
+    assert run.drafted >= 40
+    assert run.accepted == run.drafted
+    drafts = run.metrics["vllm:spec_decode_num_drafts"]
+    assert run.metrics["vllm:spec_decode_num_accepted_tokens_per_pos"] == [drafts] * K
+    assert sorted(set(syncs)) == []
+
+
+def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
+    """Control: the same draft with its block one position lower (the reference recipe's phase)
+    reads a token one cycle step off, so nothing it drafts is accepted, and output is unchanged."""
+    from vllm.v1.spec_decode.dspark import drafter
+
+    prompts = cycle_prompts([40, 45])
+    monkeypatch.setattr(drafter, "BLOCK_START_OFFSET", drafter.BLOCK_START_OFFSET - 1)
+    run = run_v4(tiny_v4_models.oracle, prompts, [20, 20], dspark(K), max_num_seqs=2)
+
+    assert run.token_ids == {
+        0: cycle_prompt(prompts[0][-1], 21)[1:],
+        1: cycle_prompt(prompts[1][-1], 21)[1:],
+    }
+    assert run.drafted > 0 and run.accepted == 0
+
+
+def test_greedy_output_is_lossless_under_churn(tiny_v4_models):
+    """A context-dependent target with drafts both accepted and rejected, more requests than
+    max_num_seqs (slots reused), mixed lengths, a preemption and an abort mid-flight."""
+    rng = random.Random(0)
+    lengths = [240, 245, 7, 250, 12, 236, 150]
+    prompts = [
+        cycle_prompt(10 + PERIOD * i, n)
+        if i % 2 == 0
+        else [rng.randrange(5, 1000) for _ in range(n)]
+        for i, n in enumerate(lengths)
+    ]
+    max_tokens = [30, 40, 24, 36, 40, 28, 25]
+    churn = dict(max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8, abort={4: 6})
+    plain = run_v4(tiny_v4_models.noisy, prompts, max_tokens, **churn)
+    run = run_v4(tiny_v4_models.noisy, prompts, max_tokens, dspark(K), **churn)
+
+    aborted = min(len(plain.token_ids[4]), len(run.token_ids[4]))
+    assert aborted < max_tokens[4]
+    assert run.token_ids[4][:aborted] == plain.token_ids[4][:aborted]
+    assert {i: t for i, t in run.token_ids.items() if i != 4} == {
+        i: t for i, t in plain.token_ids.items() if i != 4
+    }
+    # The comparison means something only if drafts were accepted and rejected and the
+    # scheduler preempted.
+    assert 0 < run.accepted < run.drafted
+    assert run.metrics["vllm:num_preemptions"] >= 1
