@@ -14,6 +14,8 @@ except ModuleNotFoundError as missing:  # pyyaml or packaging: both are vLLM dep
         f"install.py: error: the Python module {missing.name!r} is missing. Run install.py "
         f"with the Python of your vLLM environment, or `pip install pyyaml packaging`."
     )
+except KeyboardInterrupt:
+    sys.exit("install.py: interrupted before it started; nothing was changed")
 
 PROJECT = Path(__file__).resolve().parent
 
@@ -84,9 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         # Inside a commit, commit() rolls back and reports an InstallerError instead; outside
         # one nothing was written beyond vllm/.dspark-install, which the next run sweeps.
-        print("install.py: interrupted", file=sys.stderr)
+        print(
+            "install.py: interrupted; no change is left half-done (a journal left behind is "
+            "rolled back by the next run); `install.py --status` shows the state",
+            file=sys.stderr,
+        )
         return ExitCode.FAILED
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # between main's own handlers, e.g. while printing
+        sys.exit("install.py: interrupted; `install.py --status` shows the state")

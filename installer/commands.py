@@ -27,6 +27,7 @@ def install(tree: VllmTree, project: Path, dry_run: bool) -> ExitCode:
     manifest = load_manifest(tree, project)
     store = StateStore(tree.root)
     with tree_lock(tree):
+        _note(tree.record_check_skipped(list(manifest.patched_targets())))
         if dry_run:
             if store.read_journal() is not None:
                 raise InstallerError(
@@ -59,6 +60,9 @@ def uninstall(tree: VllmTree, project: Path, force: bool) -> ExitCode:
             print(f"DSpark is not installed in vLLM {tree.version}; nothing was written")
             return ExitCode.OK
         plan = plan_uninstall(tree, store, version_pins, force)
+        record = store.read_record()
+        assert record is not None
+        _note(tree.record_check_skipped([f.path for f in record.files if f.kind == "patch"]))
         commit(tree, store, plan, "uninstall")
         _print_plan(plan, dry_run=False)
         print(f"uninstalled DSpark: vLLM {tree.version} is back to its original files")
@@ -79,7 +83,10 @@ def status(tree: VllmTree, project: Path) -> Status:
         status = evaluate(
             tree, manifest, store.read_record(), interrupted=store.read_journal() is not None
         )
-        return dataclasses.replace(status, notes=status.notes + failure)
+        skipped = tree.record_check_skipped(list(manifest.patched_targets()))
+        return dataclasses.replace(
+            status, notes=status.notes + failure + ((skipped,) if skipped else ())
+        )
 
 
 def load_manifest(tree: VllmTree, project: Path) -> Manifest:
@@ -138,6 +145,11 @@ def _repair(tree: VllmTree, store: StateStore) -> None:
     repaired = recover(tree, store)
     if repaired:
         print(repaired, file=sys.stderr)
+
+
+def _note(note: str | None) -> None:
+    if note:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _print_plan(plan: Plan, dry_run: bool) -> None:

@@ -35,6 +35,16 @@ def write_atomic(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def replace_with_symlink(path: Path, target: str) -> None:
+    """Make `path` the symbolic link `target` again, atomically like write_atomic."""
+    temp = temp_path(path)
+    temp.unlink(missing_ok=True)
+    os.symlink(target, temp)
+    checkpoint(f"link for {path.name} made")
+    os.replace(temp, path)
+    fsync_dir(path.parent)
+
+
 def remove(path: Path) -> None:
     """Remove a file and, for a module, its compiled copies in __pycache__."""
     path.unlink(missing_ok=True)

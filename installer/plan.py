@@ -4,6 +4,7 @@ All checks that can refuse (version, pinned pre-image hashes, RECORD, drift, ove
 happen here, so a refusal never leaves a trace in the tree.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
@@ -11,7 +12,7 @@ from installer.errors import Refused
 from installer.hashing import sha256_hex
 from installer.manifest import Manifest, PatchedFile
 from installer.pins import VersionPins
-from installer.state import RECORD, Record, RecordedFile, StateStore
+from installer.state import RECORD, Record, RecordedFile, StateStore, outside_reason
 from installer.unified_diff import PatchError
 from installer.vllm_tree import PACKAGE, VllmTree
 
@@ -22,6 +23,8 @@ class Change:
     kind: str  # "patch", "overlay" or "record"
     before: bytes | None  # None: absent
     after: bytes | None
+    before_link: str | None = None  # the file is this symbolic link now (its bytes: `before`)
+    after_link: str | None = None  # commit makes the file this symbolic link (to `after`)
 
     def describe(self) -> str:
         if self.kind == "record":
@@ -43,6 +46,7 @@ class Plan:
 
 
 def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
+    _check_paths(tree, [*manifest.patched_targets(), *(file.path for file in manifest.overlay)])
     record = store.read_record()
     if record is not None:
         _check_record_version(tree, record)
@@ -53,7 +57,9 @@ def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
     targets = manifest.patched_targets()
     for target, patched in _apply_patches(tree, manifest, record, store, problems).items():
         desired[target] = ("patch", patched)
-        files.append(RecordedFile(target, "patch", targets[target][0], targets[target][1]))
+        recorded = record.file(target) if record else None
+        link = recorded.link if recorded else _link(tree, target)
+        files.append(RecordedFile(target, "patch", *targets[target], link=link))
     for overlay in manifest.overlay:
         recorded = record.file(overlay.path) if record else None
         if (recorded is None or recorded.kind != "overlay") and tree.read(overlay.path) is not None:
@@ -102,7 +108,8 @@ def plan_uninstall(
         desired[file.path] = (file.kind, original)
     if problems:
         raise Refused(_refusal("cannot uninstall", problems))
-    return _plan(tree, store, desired, None, (), set(record.created_dirs))
+    links = {file.path: file.link for file in record.files if file.link}
+    return _plan(tree, store, desired, None, (), set(record.created_dirs), links)
 
 
 def _apply_patches(
@@ -164,12 +171,15 @@ def _plan(
     new_record: Record | None,
     created_dirs: tuple[str, ...],
     old_dirs: set[str],
+    links: dict[str, str] | None = None,
 ) -> Plan:
+    """`links`: files to turn back into the symbolic links they were before install."""
     changes = []
     for path, (kind, after) in desired.items():
         before = tree.read(path)
-        if before != after:
-            changes.append(Change(path, kind, before, after))
+        before_link, after_link = _link(tree, path), (links or {}).get(path)
+        if before != after or before_link != after_link:
+            changes.append(Change(path, kind, before, after, before_link, after_link))
     record_before = store.read_record_bytes()
     record_after = new_record.to_bytes() if new_record else None
     if changes or record_before != record_after:
@@ -199,6 +209,21 @@ def _pre_image_problem(tree: VllmTree, path: str, expected: str, data: bytes | N
             f"found {actual}"
         )
     return tree.record_mismatch(path, data)
+
+
+def _check_paths(tree: VllmTree, paths: list[str]) -> None:
+    """Every file install.py writes lies in a directory inside the tree. (A file that is a
+    symbolic link is replaced, never written through, and uninstall restores the link.)"""
+    problems = [f"{path} {reason}" for path in paths if (reason := outside_reason(tree.root, path))]
+    if problems:
+        raise Refused(
+            _refusal("cannot install", problems, "install.py writes only inside the vllm package.")
+        )
+
+
+def _link(tree: VllmTree, path: str) -> str | None:
+    """The target of `path` when it is a symbolic link, else None."""
+    return os.readlink(tree.path(path)) if tree.path(path).is_symlink() else None
 
 
 def _check_record_version(tree: VllmTree, record: Record) -> None:

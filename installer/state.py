@@ -9,11 +9,12 @@ Everything lives in `vllm/.dspark-install/` (not importable, ignored by pip):
 """
 
 import json
+import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from installer.errors import RollbackFailed
+from installer.errors import Refused, RollbackFailed
 from installer.fileops import TEMP_SUFFIX, fsync_dir, write_atomic
 from installer.hashing import sha256_hex
 
@@ -21,6 +22,7 @@ STATE_DIR = "vllm/.dspark-install"
 RECORD = f"{STATE_DIR}/record.json"
 JOURNAL = f"{STATE_DIR}/journal.json"
 SCHEMA = 1
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,9 @@ class RecordedFile:
     kind: str  # "patch" or "overlay"
     pre_sha256: str | None  # None: the file did not exist before (overlay)
     post_sha256: str
+    link: str | None = (
+        None  # the symbolic link this file was before install (restored by uninstall)
+    )
 
 
 @dataclass(frozen=True)
@@ -46,18 +51,31 @@ class Record:
 
     def to_bytes(self) -> bytes:
         document = {"schema": SCHEMA, **asdict(self)}
+        for file in document["files"]:
+            if file["link"] is None:
+                del file["link"]  # records of plain files read as before
         return (json.dumps(document, indent=2) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Record":
-        document = json.loads(data)
-        _check_schema(document)
+        document = _load(data)
+        files = tuple(RecordedFile(**file) for file in _list(document, "files", dict))
+        for file in files:
+            _check_entry(file.path, file.pre_sha256, optional=True)
+            _check_entry(file.path, file.post_sha256, optional=False)
         return cls(
             vllm_version=document["vllm_version"],
             manifest_digest=document["manifest_digest"],
-            files=tuple(RecordedFile(**file) for file in document["files"]),
-            created_dirs=tuple(document["created_dirs"]),
+            files=files,
+            created_dirs=tuple(_list(document, "created_dirs", str)),
         )
+
+    def paths(self) -> list[tuple[str, bool]]:
+        """Every path in the record, with whether it is a directory."""
+        return [
+            *((file.path, False) for file in self.files),
+            *((d, True) for d in self.created_dirs),
+        ]
 
 
 @dataclass(frozen=True)
@@ -65,6 +83,7 @@ class JournalEntry:
     path: str
     before_sha256: str | None  # None: the file did not exist
     after_sha256: str | None
+    before_link: str | None = None  # the file was this symbolic link; rollback recreates it
 
 
 @dataclass(frozen=True)
@@ -78,13 +97,23 @@ class Journal:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Journal":
-        document = json.loads(data)
-        _check_schema(document)
+        document = _load(data)
+        entries = tuple(JournalEntry(**entry) for entry in _list(document, "entries", dict))
+        for entry in entries:
+            _check_entry(entry.path, entry.before_sha256, optional=True)
+            _check_entry(entry.path, entry.after_sha256, optional=True)
         return cls(
             operation=document["operation"],
-            entries=tuple(JournalEntry(**entry) for entry in document["entries"]),
-            new_dirs=tuple(document["new_dirs"]),
+            entries=entries,
+            new_dirs=tuple(_list(document, "new_dirs", str)),
         )
+
+    def paths(self) -> list[tuple[str, bool]]:
+        """Every path in the journal, with whether it is a directory."""
+        return [
+            *((entry.path, False) for entry in self.entries),
+            *((d, True) for d in self.new_dirs),
+        ]
 
 
 class StateStore:
@@ -149,17 +178,68 @@ class StateStore:
             if unused_blob or path.name.endswith(TEMP_SUFFIX):
                 path.unlink()
 
-    @staticmethod
-    def _decode(kind: type, data: bytes, relpath: str):
+    def _decode(self, kind: type, data: bytes, relpath: str):
         try:
-            return kind.from_bytes(data)
+            state = kind.from_bytes(data)
         except (ValueError, KeyError, TypeError) as error:
-            raise RollbackFailed(
-                f"{relpath} is corrupt ({error}). Reinstall vLLM with `pip install "
-                f"--force-reinstall --no-deps`, then delete {STATE_DIR} and the overlay files."
-            ) from error
+            raise RollbackFailed(f"{relpath} is corrupt ({error}). {MANUAL_REPAIR}") from error
+        for path, directory in state.paths():
+            problem = outside_reason(self.root, path, directory)
+            if problem:
+                raise Refused(
+                    f"{relpath} lists {path!r}, which {problem}: refusing to write or delete "
+                    f"anything; nothing was changed. {MANUAL_REPAIR}"
+                )
+        return state
 
 
-def _check_schema(document: dict) -> None:
+MANUAL_REPAIR = (
+    f"Reinstall vLLM with `pip install --force-reinstall --no-deps`, then delete {STATE_DIR} "
+    f"and the overlay files."
+)
+
+
+def outside_reason(root: Path, relpath: str, directory: bool = False) -> str | None:
+    """Why `relpath` (a path from a state file, or one install.py is about to touch) does not
+    name an entry strictly inside the vllm package under `root`; None when it does.
+
+    A file is replaced or unlinked in its directory, never written through, so its directory
+    must resolve inside the package (a symbolic link on the way out counts as outside) while
+    the file itself may be a link; a directory (pruned with its __pycache__) must resolve
+    inside itself."""
+    parts = relpath.split("/")
+    if parts[0] != "vllm" or len(parts) < 2 or {"", ".", ".."} & set(parts) or "\\" in relpath:
+        return "is not a plain relative path inside vllm/"
+    package = root / "vllm"
+    path = root / relpath
+    try:
+        inside = (path if directory else path.parent).resolve().is_relative_to(package.resolve())
+    except (OSError, RuntimeError, ValueError) as error:  # a link loop, a NUL byte, too long
+        return f"cannot be resolved ({error})"
+    return None if inside else f"resolves outside {package}"
+
+
+def _load(data: bytes) -> dict:
+    document = json.loads(data)
+    if not isinstance(document, dict):
+        raise ValueError(f"a JSON {type(document).__name__}, not an object")
     if document.get("schema") != SCHEMA:
         raise ValueError(f"schema {document.get('schema')!r}, expected {SCHEMA}")
+    return document
+
+
+def _list(document: dict, key: str, item: type) -> list:
+    value = document[key]
+    if not isinstance(value, list) or not all(isinstance(entry, item) for entry in value):
+        raise ValueError(f"{key!r} is not a list of {item.__name__}")
+    return value
+
+
+def _check_entry(path: object, sha256: object, optional: bool) -> None:
+    """Paths are strings and hashes hex digests (a hash names a blob file: no `../` there)."""
+    if not isinstance(path, str):
+        raise ValueError(f"path {path!r} is not a string")
+    if sha256 is None and optional:
+        return
+    if not isinstance(sha256, str) or not SHA256_HEX.fullmatch(sha256):
+        raise ValueError(f"{path}: {sha256!r} is not a sha256")

@@ -7,10 +7,19 @@ run restore every file to its previous bytes.
 """
 
 import contextlib
+import errno
+import os
 
 from installer.errors import InstallerError, RollbackFailed
 from installer.faults import checkpoint
-from installer.fileops import compile_python, prune_dirs, remove, temp_path, write_atomic
+from installer.fileops import (
+    compile_python,
+    prune_dirs,
+    remove,
+    replace_with_symlink,
+    temp_path,
+    write_atomic,
+)
 from installer.hashing import sha256_hex
 from installer.plan import Plan
 from installer.state import JOURNAL, Journal, JournalEntry, StateStore
@@ -30,7 +39,9 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         journal = Journal(
             operation,
             tuple(
-                JournalEntry(change.path, _hash(change.before), _hash(change.after))
+                JournalEntry(
+                    change.path, _hash(change.before), _hash(change.after), change.before_link
+                )
                 for change in plan.changes
             ),
             plan.new_dirs,
@@ -39,15 +50,20 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         checkpoint("journal written")
     except OSError as error:
         _sweep(store)
+        if error.errno == errno.ENOSPC:
+            advice = f"Free space on the file system that holds {tree.package_dir}"
+        else:
+            advice = f"Run install.py as a user who can write to {tree.package_dir}"
         raise InstallerError(
-            f"cannot write into the vLLM tree ({_describe(error)}). Run install.py as a user who "
-            f"can write to {tree.package_dir}. Nothing was changed."
+            f"cannot write into the vLLM tree ({_describe(error)}). {advice}. Nothing was changed."
         ) from error
     doing = "starting"
     try:
         for change in plan.changes:
             doing = f"writing {change.path}"
-            if change.after is None:
+            if change.after_link is not None:
+                replace_with_symlink(tree.path(change.path), change.after_link)
+            elif change.after is None:
                 remove(tree.path(change.path))
             else:
                 write_atomic(tree.path(change.path), change.after)
@@ -63,10 +79,15 @@ def commit(tree: VllmTree, store: StateStore, plan: Plan, operation: str) -> Non
         prune_dirs([tree.path(path) for path in plan.stale_dirs])
         checkpoint("stale directories removed")
     except (Exception, KeyboardInterrupt) as error:
-        rollback(tree, store, journal)
+        failure = f"{operation} failed while {doing}: {_describe(error)}"
+        try:
+            rollback(tree, store, journal)
+        except RollbackFailed as rollback_error:
+            # The first error is the one to fix; the rollback's own failure comes second.
+            raise RollbackFailed(f"{failure}; then {rollback_error}") from error
         raise InstallerError(
-            f"{operation} failed while {doing}: {_describe(error)}. Every change was rolled "
-            f"back and verified; the vLLM tree is exactly as before."
+            f"{failure}. Every change was rolled back and verified; the vLLM tree is exactly as "
+            f"before."
         ) from error
     store.remove_journal()
     checkpoint("journal removed")
@@ -93,6 +114,9 @@ def rollback(tree: VllmTree, store: StateStore, journal: Journal) -> None:
             if entry.before_sha256 is None:
                 if current is not None:
                     remove(path)
+            elif entry.before_link is not None:
+                if not path.is_symlink() or os.readlink(path) != entry.before_link:
+                    replace_with_symlink(path, entry.before_link)
             elif current is None or sha256_hex(current) != entry.before_sha256:
                 # No byte-compiling here: the stale .pyc no longer matches the source's mtime,
                 # so Python recompiles it on import.
@@ -102,7 +126,7 @@ def rollback(tree: VllmTree, store: StateStore, journal: Journal) -> None:
         prune_dirs([tree.path(path) for path in journal.new_dirs])
         store.remove_journal()
         checkpoint("rollback journal removed")
-    except (OSError, VerificationError) as error:
+    except (OSError, VerificationError, KeyboardInterrupt) as error:
         raise RollbackFailed(
             f"rolling back the {journal.operation} failed: {_describe(error)}. The journal "
             f"{tree.path(JOURNAL)} is kept: fix the cause and run `install.py --status` to retry "
@@ -131,6 +155,8 @@ def _hash(data: bytes | None) -> str | None:
 
 
 def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return f"the disk is full ({error.strerror or 'No space left on device'}: {error.filename})"
     if isinstance(error, OSError) and error.filename:
         return f"{error.strerror or error} ({error.filename})"
     if isinstance(error, KeyboardInterrupt):

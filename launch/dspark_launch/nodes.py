@@ -71,8 +71,9 @@ class Shell:
         self, argv: list[str], stdin: str | None = None, stdin_label: str | None = None
     ) -> Result:
         if self.node.ssh:
-            ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", self.node.ssh]
-            argv = [*ssh, "--", shlex.join(argv)]
+            # The host after `--`, so that no value can ever be read as an ssh option.
+            ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", self.node.ssh]
+            argv = [*ssh, shlex.join(argv)]
         result = self.runner.run(argv, stdin=stdin, stdin_label=stdin_label)
         if self.node.ssh and result.rc == SSH_UNREACHABLE:
             raise LaunchError(
@@ -312,10 +313,15 @@ class ContainerRank(Rank):
         result = self.shell.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.image])
         if self.shell.runner.dry_run:
             return None
-        if result.rc != 0:
+        if result.rc != 0 and "no such image" in (result.stderr + result.stdout).lower():
             raise LaunchError(
                 f"{self.label}: image {self.image} is not present ({result.last_error_line}); "
                 f"pull it on that node: docker pull {self.image}"
+            )
+        if result.rc != 0:
+            raise LaunchError(
+                f"{self.label}: docker cannot inspect images ({result.last_error_line}); check "
+                f"that the Docker daemon runs on that node and that this user may use it"
             )
         return result.stdout.strip()
 

@@ -41,6 +41,16 @@ MANAGED_FLAGS = {
     "--speculative-config": "speculative",
     "--max-cudagraph-capture-size": "(derived: max_num_seqs * (k + 1))",
     "--enforce-eager": "cuda_graphs: false",
+    "--config": "(a vLLM config file could set any of these flags; list flags in serve_args)",
+}
+# vLLM's other spellings of managed flags (its short options and negations).
+FLAG_ALIASES = {
+    "-tp": "--tensor-parallel-size",
+    "-pp": "--pipeline-parallel-size",
+    "-n": "--nnodes",
+    "-r": "--node-rank",
+    "-sc": "--speculative-config",
+    "--no-enforce-eager": "--enforce-eager",
 }
 # Env the launcher sets per node or from secrets; a profile must not pin them.
 MANAGED_ENV = (
@@ -114,6 +124,27 @@ class Profile:
         return not self.model.startswith("/")
 
 
+def managed_flag(arg: str) -> str | None:
+    """The managed flag that `arg` sets when vLLM parses it, else None.
+
+    vLLM's parser turns `_` into `-` in `--names`, reads `--flag.key` as a key of `--flag`'s
+    JSON, and is an argparse parser with allow_abbrev: an option may be shortened to any
+    prefix (a prefix shared by several options is an error there, refused here too), takes
+    `=value`, and a two-character short option takes its value attached (`-n2`)."""
+    if not arg.startswith("-") or arg in ("-", "--"):
+        return None
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    options = {**{flag: flag for flag in MANAGED_FLAGS}, **FLAG_ALIASES}
+    for option, flag in options.items():
+        prefix = name.startswith("--") == option.startswith("--") and option.startswith(name)
+        attached = not name.startswith("--") and len(option) == 2 and name[:2] == option
+        if prefix or attached:
+            return flag
+    return None
+
+
 def resolve_profile_path(name_or_path: str, relative_to: Path) -> Path:
     """A bare name means `recipe/profiles/<name>.yaml`; anything with a slash is a path."""
     if "/" in name_or_path or name_or_path.endswith(".yaml"):
@@ -128,7 +159,7 @@ def load_profile(path: Path) -> Profile:
             f"profile {path} does not exist (see recipe/profiles/ for the shipped ones)"
         )
     top = Section(read_yaml(path), path)
-    top.string("description", required=False)
+    top.string("description", required=False, argv=False)
     model = top.string("model")
     assert model is not None
     is_path = model.startswith("/")
@@ -150,10 +181,13 @@ def load_profile(path: Path) -> Profile:
     spec.finish()
     serve_args = top.string_list("serve_args")
     for arg in serve_args:
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        flag = managed_flag(arg)
+        if flag:
             raise top.error(
-                "serve_args", f"{flag} is set by the launcher from {MANAGED_FLAGS[flag]}"
+                "serve_args",
+                # The option only: a value after `=` may be a secret (`--api-key=...`).
+                f"{arg.split('=', 1)[0]!r} sets {flag}, which the launcher sets from "
+                f"{MANAGED_FLAGS[flag]}",
             )
     env = top.string_map("env")
     for name in env:

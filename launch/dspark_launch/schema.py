@@ -18,6 +18,28 @@ from dspark_launch.errors import ConfigError
 _BOM = b"\xef\xbb\xbf"
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one
+    silently, so a second `api:` or `tensor_parallel_size:` would win unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            try:
+                first = lines.setdefault(key, line)
+            except TypeError:  # an unhashable key; SafeLoader reports it below
+                continue
+            if first != line:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} appears twice: line {first} and line {line}", None
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Load a YAML mapping after checking encoding and line endings."""
     try:
@@ -37,7 +59,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
                 "convert the file with `dos2unix`"
             )
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
@@ -69,14 +91,29 @@ class Section:
             raise self.error(key, "required key is missing")
         return value
 
-    def string(self, key: str, required: bool = True, default: str | None = None) -> str | None:
+    def string(
+        self,
+        key: str,
+        required: bool = True,
+        default: str | None = None,
+        secret: bool = False,
+        argv: bool = True,
+    ) -> str | None:
+        """A one-line string. `secret`: errors never show the value. `argv`: the value may
+        become a command-line argument, so it must not start with `-` (it would be read as an
+        option: ssh `-oProxyCommand=...`, a vLLM flag in place of the model)."""
         value = self._get(key, required and default is None)
         if value is None:
             return default
+        shown = "(value not shown: a secret)" if secret else f"got {value!r}"
         if not isinstance(value, str) or not value.strip():
-            raise self.error(key, f"must be a non-empty string, got {value!r}")
+            raise self.error(key, f"must be a non-empty string, {shown}")
         if "\n" in value or "\r" in value:
             raise self.error(key, "must be a single line")
+        if argv and not secret and value.startswith("-"):
+            raise self.error(
+                key, f"must not start with '-' (it would be read as an option), {shown}"
+            )
         return value
 
     def matching(

@@ -20,7 +20,7 @@ MODES = ("docker", "local")
 HEAD, WORKER = "head", "worker"
 _IMAGE_BY_DIGEST = r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}"
 _IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
-_SSH_TARGET = r"([A-Za-z0-9._-]+@)?[A-Za-z0-9._-]+"
+_SSH_TARGET = r"([A-Za-z0-9][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*"
 NCCL_PASSTHROUGH = (
     "NCCL_IB_MERGE_NICS",
     "NCCL_NET_GDR_LEVEL",
@@ -116,18 +116,24 @@ def _node(top: Section, role: str, rank: int, mode: str) -> Node:
         gloo_socket_ifname=section.matching(
             "gloo_socket_ifname", _IFNAME, "a network interface name", required=False
         ),
-        hf_home=_absolute(section, "hf_home"),
+        hf_home=_absolute(section, "hf_home", volume=mode == "docker"),
         state_dir=_absolute(section, "state_dir"),
     )
     section.finish()
     return node
 
 
-def _absolute(section: Section, key: str) -> Path:
+def _absolute(section: Section, key: str, volume: bool = False) -> Path:
+    """`volume`: the path is mounted with `docker run --volume PATH:...`, where a `:` would
+    split it."""
     value = section.string(key)
     assert value is not None
     if not value.startswith("/"):
         raise section.error(key, f"must be an absolute path, got {value!r}")
+    if volume and ":" in value:
+        raise section.error(
+            key, f"must not contain ':' (docker --volume reads it as a separator), got {value!r}"
+        )
     return Path(value)
 
 
@@ -135,7 +141,7 @@ def _secret(section: Section, key: str, site_path: Path) -> str | None:
     """A secret inline (the site file must then be private) or in a private file."""
     section.exclusive(key, f"{key}_file")
     if section.has(key):
-        value = section.string(key)
+        value = section.string(key, secret=True)
         if stat.S_IMODE(site_path.stat().st_mode) & 0o077:
             raise section.error(
                 key, f"is inline, so {site_path} must be private: chmod 600 {site_path}"

@@ -177,8 +177,14 @@ PROFILE_RULES = [
         },
         "speculative.draft_sample_method: must be one of probabilistic, greedy",
     ),
-    ({"serve_args": ["--max-cudagraph-capture-size=8"]}, "serve_args: --max-cudagraph-capture-"),
-    ({"serve_args": ["--api-key", "k"]}, "--api-key is set by the launcher from site secrets"),
+    (
+        {"serve_args": ["--max-cudagraph-capture-size=8"]},
+        "serve_args: '--max-cudagraph-capture-size' sets",
+    ),
+    (
+        {"serve_args": ["--api-key", "k"]},
+        "'--api-key' sets --api-key, which the launcher sets from site secrets",
+    ),
     ({"serve_args": "--enforce-eager"}, "serve_args: must be a list of strings"),
     ({"env": {"VLLM_API_KEY": "k"}}, "env.VLLM_API_KEY: is set by the launcher"),
     ({"env": {"NCCL_IB_GID_INDEX": "3"}}, "env.NCCL_IB_GID_INDEX: is set by the launcher"),

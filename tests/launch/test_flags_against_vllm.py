@@ -1,0 +1,80 @@
+"""The profile's flag guard agrees with vLLM's own `vllm serve` parser: every spelling that
+parser resolves to a managed flag (prefix abbreviations, short options, `=value`, underscores,
+`--flag.key`) is refused, and no other option vLLM defines is."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, managed_flag
+
+
+@pytest.fixture(scope="module")
+def serve_parser() -> argparse.ArgumentParser:
+    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args")
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+
+
+def vllm_resolves(parser: argparse.ArgumentParser, arg: str) -> argparse.Action | None:
+    """The action vLLM's parser gives `arg`: its rewriting of `--names` (underscores to dashes,
+    `--flag.key` to `--flag`) and then argparse's own option matching."""
+    if arg.startswith("--"):
+        key, sep, value = arg.partition("=")
+        key = "--" + re.sub("_", "-", key[2:].split(".", 1)[0])
+        arg = key + sep + value
+    try:
+        found = parser._parse_optional(arg)
+    except SystemExit:  # ambiguous: vLLM refuses to start; the guard may refuse it too
+        return None
+    return found[0] if found else None
+
+
+def spellings(option: str) -> list[str]:
+    head = 2 if option.startswith("--") else 1
+    prefixes = [option[:end] for end in range(head + 1, len(option) + 1)]
+    variants = [f"{option}=1", option.replace("-", "_").replace("__", "--", 1)]
+    if option.startswith("--"):
+        variants.append(f"{option}.key")
+    elif len(option) == 2:
+        variants.append(f"{option}1")
+    return prefixes + variants
+
+
+def test_every_spelling_vllm_reads_as_a_managed_flag_is_refused(serve_parser, capsys):
+    managed = {**{flag: flag for flag in MANAGED_FLAGS}, **FLAG_ALIASES}
+    actions = {
+        option: action for action in serve_parser._actions for option in action.option_strings
+    }
+    managed_actions = {id(actions[option]) for option in managed if option in actions}
+    missing = [option for option in MANAGED_FLAGS if option not in actions]
+    assert missing == [], f"vLLM no longer has {missing}"
+    for action in serve_parser._actions:
+        if id(action) in managed_actions:
+            extra = set(action.option_strings) - set(managed)
+            assert not extra, f"vLLM spells a managed flag {extra}: add it to FLAG_ALIASES"
+    checked = 0
+    for option in managed:
+        for arg in spellings(option):
+            action = vllm_resolves(serve_parser, arg)
+            if action is not None and id(action) in managed_actions:
+                assert managed_flag(arg), arg
+                checked += 1
+    capsys.readouterr()
+    assert checked > 200, checked
+
+
+def test_no_other_vllm_option_is_refused(serve_parser):
+    managed = {**{flag: flag for flag in MANAGED_FLAGS}, **FLAG_ALIASES}
+    actions = {
+        option: action for action in serve_parser._actions for option in action.option_strings
+    }
+    managed_actions = {id(actions[option]) for option in managed if option in actions}
+    others = [o for o, action in actions.items() if id(action) not in managed_actions]
+    assert len(others) > 300
+    wrongly = [o for o in others if managed_flag(o) or managed_flag(f"{o}=1")]
+    assert wrongly == []
