@@ -182,7 +182,6 @@ INTERNAL = {
 OWN = {
     f"dspark_{name}"
     for name in (
-        "window",
         "confidence_scheduler",
         "confidence_threshold",
         "step_rate_curve",

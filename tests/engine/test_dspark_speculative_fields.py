@@ -118,14 +118,27 @@ def test_draft_topk_restricts_the_markov_chain_to_the_top_base_logits(tiny, tmp_
     assert drafts_by_step(logs["top-vocab"]) == drafts_by_step(logs["full"])
 
 
+def test_draft_config_fields_reach_the_paged_qwen3_draft(tiny):
+    """Full-attention drafts run through vLLM's own draft config, as DFlash does: a field that
+    config carries (here the attention backend) starts the engine and stays lossless. The ring
+    proposer (DeepSeek-V4) refuses it (tests/dspark/test_options.py)."""
+    plain = run_engine(tiny.bigram_target, PROMPTS, MAX_TOKENS)
+    run = run_engine(
+        tiny.bigram_target,
+        PROMPTS,
+        MAX_TOKENS,
+        dspark_config(tiny.bigram_draft, attention_backend="CPU_ATTN"),
+    )
+    assert run.token_ids == plain.token_ids
+    assert run.drafts > 0
+
+
 # --- refused fields -------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"attention_backend": "CPU_ATTN"}, "speculative_config.attention_backend="),
-        ({"kv_cache_dtype": "bfloat16"}, "speculative_config.kv_cache_dtype='bfloat16'"),
         ({"use_local_argmax_reduction": True}, "speculative_config.use_local_argmax_reduction"),
         (
             {

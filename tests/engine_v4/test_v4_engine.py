@@ -111,3 +111,88 @@ def test_greedy_output_is_lossless_under_churn(tiny_v4_models):
         < run.metrics["vllm:spec_decode_num_draft_tokens"]
     )
     assert run.metrics["vllm:num_preemptions"] >= 1
+
+
+# --- No cross-request contamination ----------------------------------------------------------
+
+# Seven requests for three slots: slots are reused, the 8-block cache preempts, request 4 is
+# aborted mid-flight and the others finish at different steps, so batch rows move.
+CHURN_LENGTHS = [240, 245, 7, 250, 12, 236, 150]
+CHURN_MAX_TOKENS = [30, 40, 24, 36, 40, 28, 25]
+CHURN = dict(max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8)
+
+
+class RowIndexedSlots:
+    """The reference recipe's mistake: a request's slot is its batch row."""
+
+    def __init__(self, capacity: int) -> None:
+        from vllm.v1.spec_decode.dspark.slot_table import SlotTable
+
+        self._table = SlotTable(capacity)
+        self.capacity = self._table.capacity
+        self.scratch_slot = self._table.scratch_slot
+        self.req_id_to_slot: dict[str, int] = {}
+        self.free_slots = self._table.free_slots
+
+    def assign(self, req_ids):
+        from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment
+
+        self.req_id_to_slot = {req_id: row for row, req_id in enumerate(req_ids)}
+        return SlotAssignment(slots=list(range(len(req_ids))), fresh=[])
+
+    def release(self, req_id: str) -> None:
+        pass
+
+    def reconcile(self, live_req_ids) -> None:
+        pass
+
+
+def drafts_alone_and_churning(target, tmp_path) -> tuple[dict, dict]:
+    """Every request's logged drafts by anchor: run alone, and among the others with churn."""
+    from dspark_demo.engine import read_draft_log
+
+    prompts = cycle_prompts(CHURN_LENGTHS)
+    crowded_log = tmp_path / "crowded.jsonl"
+    crowded = run_v4(
+        target,
+        prompts,
+        CHURN_MAX_TOKENS,
+        dspark(K, dspark_draft_log=str(crowded_log)),
+        abort={4: 6},
+        **CHURN,
+    )
+    assert crowded.metrics["vllm:num_preemptions"] >= 1, "the crowded run must preempt"
+    alone = {}
+    for index, (prompt, n) in enumerate(zip(prompts, CHURN_MAX_TOKENS, strict=True)):
+        log = tmp_path / f"alone-{index}.jsonl"
+        run_v4(target, [prompt], [n], dspark(K, dspark_draft_log=str(log)), **CHURN)
+        (alone[str(index)],) = read_draft_log(log).values()
+    return alone, read_draft_log(crowded_log)
+
+
+def contaminated_requests(alone: dict, crowded: dict) -> list[str]:
+    """Requests whose drafts differ at an anchor both runs drafted from."""
+    shared = {request: alone[request].keys() & crowded[request].keys() for request in alone}
+    # Comparable: every request drafted from some anchor in both runs (preemption shifts them).
+    assert all(shared.values()) and sum(map(len, shared.values())) >= 20, shared
+    return [
+        request
+        for request, anchors in shared.items()
+        if any(alone[request][a]["drafts"] != crowded[request][a]["drafts"] for a in anchors)
+    ]
+
+
+def test_each_request_drafts_alike_alone_and_among_churning_requests(tiny_v4_models, tmp_path):
+    """The ring draft reads only its own request's entries, however slots are reused and rows
+    move (the oracle draft's drafts depend on which ring entries it reads)."""
+    alone, crowded = drafts_alone_and_churning(tiny_v4_models.oracle, tmp_path)
+    assert contaminated_requests(alone, crowded) == []
+
+
+def test_contamination_check_fails_with_row_indexed_slots(tiny_v4_models, tmp_path, monkeypatch):
+    """The check above has teeth: with batch rows as slots, requests read each other's rings."""
+    from vllm.v1.spec_decode.dspark import ring_proposer
+
+    monkeypatch.setattr(ring_proposer, "SlotTable", RowIndexedSlots)
+    alone, crowded = drafts_alone_and_churning(tiny_v4_models.oracle, tmp_path)
+    assert contaminated_requests(alone, crowded)

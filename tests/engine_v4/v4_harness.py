@@ -9,9 +9,10 @@ from dspark_demo.engine import EngineRun, TinyEngine
 V4_ENGINE_ARGS: dict[str, Any] = dict(dtype="bfloat16", max_model_len=1024, block_size=None)
 
 
-def dspark(k: int = 4) -> dict[str, Any]:
-    """DSpark with the draft read from the target checkpoint's own ``mtp.*`` tensors."""
-    return {"method": "dspark", "num_speculative_tokens": k}
+def dspark(k: int = 4, **fields: Any) -> dict[str, Any]:
+    """DSpark with the draft read from the target checkpoint's own ``mtp.*`` tensors; ``fields``
+    are further SpeculativeConfig fields."""
+    return {"method": "dspark", "num_speculative_tokens": k, **fields}
 
 
 def run_v4(

@@ -50,11 +50,12 @@ try:
             "method": "dspark",
             "model": str(draft),
             "num_speculative_tokens": 4,
-            "dspark_options": {"confidence_scheduler": "off"},
+            "dspark_confidence_scheduler": "survival_threshold",
+            "dspark_confidence_threshold": 0.5,
         },
     ).create_engine_config()
     report["method"] = config.speculative_config.method
-    report["dspark_options"] = config.speculative_config.dspark_options
+    report["dspark_confidence_scheduler"] = config.speculative_config.dspark_confidence_scheduler
     from vllm.v1.spec_decode.dspark_proposer import make_dspark_proposer
 
     proposer = make_dspark_proposer(config, torch.device("cpu"))
