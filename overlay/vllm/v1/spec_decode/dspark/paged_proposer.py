@@ -19,7 +19,6 @@ from vLLM's KV budget and restored by prefix-cache hits), written by upstream's
 """
 
 import contextlib
-import json
 from collections.abc import Iterator
 
 import torch
@@ -46,6 +45,7 @@ from vllm.v1.spec_decode.dspark.block import (
     samples_from_anchor,
     trained_block_size,
 )
+from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
 from vllm.v1.spec_decode.dspark.markov import markov_chain, position_sampler
 from vllm.v1.spec_decode.dspark.options import PAGED_PROPOSER_UNSUPPORTED, DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
@@ -254,18 +254,7 @@ class DSparkPagedProposer(DFlashProposer):
         num_requests = drafts.shape[0]
         anchor_positions = self.positions[self._anchor_rows[:num_requests]] - 1
         req_ids = self._runner.input_batch.req_ids[:num_requests]
-        rows = zip(
-            req_ids, anchor_positions.tolist(), anchor_tokens.tolist(), drafts.tolist(), strict=True
-        )
-        with open(self.options.draft_log, "a") as log:
-            for req_id, anchor, anchor_token, block in rows:
-                record = {
-                    "req_id": req_id,
-                    "anchor": anchor,
-                    "anchor_token": anchor_token,
-                    "drafts": block,
-                }
-                log.write(json.dumps(record) + "\n")
+        append_draft_log(self.options.draft_log, req_ids, anchor_positions, anchor_tokens, drafts)
 
 
 def _check_target_layers(config, num_target_layers: int) -> None:

@@ -11,8 +11,6 @@ host memory without a sync) and its inputs live in persistent buffers, which is
 the structure CUDA-graph capture needs; graphs are not captured yet.
 """
 
-import json
-
 import torch
 from torch import nn
 
@@ -33,6 +31,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     build_deepseek_v4_draft_model,
     load_deepseek_v4_draft,
 )
+from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.markov import position_sampler
@@ -298,19 +297,6 @@ class DSparkRingProposer(EagleProposer):
     def _log_drafts(
         self, req_ids: list[str], anchor_tokens: torch.Tensor, output: DraftOutput
     ) -> None:
-        rows = zip(
-            req_ids,
-            output.anchors.tolist(),
-            anchor_tokens.tolist(),
-            output.token_ids.tolist(),
-            strict=True,
+        append_draft_log(
+            self.options.draft_log, req_ids, output.anchors, anchor_tokens, output.token_ids
         )
-        with open(self.options.draft_log, "a") as log:
-            for req_id, anchor, anchor_token, drafts in rows:
-                record = {
-                    "req_id": req_id,
-                    "anchor": anchor,
-                    "anchor_token": anchor_token,
-                    "drafts": drafts,
-                }
-                log.write(json.dumps(record) + "\n")
