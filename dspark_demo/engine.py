@@ -10,10 +10,12 @@ unregisters the previous one's Prometheus collectors, so its counters go stale.
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import json
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,31 @@ def use_engine_env() -> None:
     already set, e.g. a larger ``VLLM_CPU_KVCACHE_SPACE``, win."""
     for key, value in ENGINE_ENV.items():
         os.environ.setdefault(key, value)
+
+
+@contextlib.contextmanager
+def worker_threads_bound(tensor_parallel_size: int) -> Iterator[None]:
+    """While workers start, give each tensor-parallel CPU worker its share of
+    this process's CPUs.
+
+    vLLM's automatic binding wants a NUMA node per worker (``Not enough allowed
+    NUMA nodes to bind threads of 2 local CPUWorkers``); a one-node box splits
+    its CPUs instead. A binding the caller set wins; the variable is restored
+    after, so that later single-process engines keep every CPU."""
+    name = "VLLM_CPU_OMP_THREADS_BIND"
+    if tensor_parallel_size == 1 or name in os.environ:
+        yield
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if tensor_parallel_size > len(cpus):
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} needs as many CPUs")
+    share = len(cpus) // tensor_parallel_size
+    groups = [cpus[rank * share : (rank + 1) * share] for rank in range(tensor_parallel_size)]
+    os.environ[name] = "|".join(",".join(map(str, group)) for group in groups)
+    try:
+        yield
+    finally:
+        del os.environ[name]
 
 
 class EngineUnavailable(RuntimeError):
@@ -102,11 +129,12 @@ class TinyEngine:
         from vllm import LLM
 
         try:
-            self.llm = LLM(
-                model=str(target),
-                speculative_config=speculative_config,
-                **{**ENGINE_DEFAULTS, **engine_args},
-            )
+            with worker_threads_bound(engine_args.get("tensor_parallel_size", 1)):
+                self.llm = LLM(
+                    model=str(target),
+                    speculative_config=speculative_config,
+                    **{**ENGINE_DEFAULTS, **engine_args},
+                )
         except Exception as exc:  # pydantic wraps the config refusal
             message = str(exc)
             if _REFUSAL in message:
@@ -206,6 +234,8 @@ class TinyEngine:
         return EngineRun(token_ids, seconds, counter_increments(self.metrics(), before))
 
     def close(self) -> None:
+        # Stops tensor-parallel worker processes now rather than at garbage collection.
+        self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
 
@@ -260,12 +290,13 @@ def counter_increments(after: dict[str, Any], before: dict[str, Any]) -> dict[st
     return result
 
 
-def read_draft_log(path: Path) -> dict[str, dict[int, dict[str, Any]]]:
-    """``dspark_draft_log`` records by request (prompt index) and anchor
-    position. The engine suffixes request ids (``"3-9a1b"``); the prefix is the
-    prompt's index in the ``generate`` call."""
+def read_draft_log(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, Any]]]:
+    """One tensor-parallel rank's ``dspark_draft_log`` records by request
+    (prompt index) and anchor position. The engine suffixes request ids
+    (``"3-9a1b"``); the prefix is the prompt's index in the ``generate`` call."""
     by_request: dict[str, dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for line in path.read_text().splitlines():
         record = json.loads(line)
-        by_request[record["req_id"].rsplit("-", 1)[0]][record["anchor"]] = record
+        if record["rank"] == rank:
+            by_request[record["req_id"].rsplit("-", 1)[0]][record["anchor"]] = record
     return by_request

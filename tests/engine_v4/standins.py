@@ -146,3 +146,9 @@ def install_triton_standins() -> list[str]:
         "ComputeSWAIndicesAndLensKernel",
         "ComputePrefillMetadataKernel",
     ]
+
+
+def install_worker_standins() -> None:
+    """``vllm.general_plugins`` entry point for tensor-parallel worker processes
+    (``test_v4_tensor_parallel.py``): what the test session installs, per worker."""
+    install_triton_standins()

@@ -1,13 +1,13 @@
 """DSpark speculative decoding on vLLM's V1 model runner: the entry point.
 
 The runner patch calls ``make_dspark_proposer``; it picks the proposer of the
-draft's family.
+draft's family. The scheduler patch calls ``prefix_hit_recompute_tokens``.
 """
 
 import torch
 
 from vllm.config import ModelConfig, VllmConfig
-from vllm.v1.spec_decode.dspark.deepseek_v4 import is_deepseek_v4_dspark
+from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, is_deepseek_v4_dspark
 
 _QWEN3_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3DSparkForCausalLM")
 
@@ -39,3 +39,21 @@ def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=N
     from vllm.v1.spec_decode.dspark.ring_proposer import DSparkRingProposer
 
     return DSparkRingProposer(vllm_config, device, runner)
+
+
+def prefix_hit_recompute_tokens(vllm_config: VllmConfig) -> int:
+    """How many tokens a prefix-cache hit must leave the target to recompute.
+
+    A DeepSeek-V4 draft's ring holds the target features of the last
+    ``sliding_window`` positions, and a request that starts from a hit fills it
+    from the recomputed tokens alone. V1's own margin (the last token, one hash
+    block more for EAGLE-family methods) can be shorter: with a tiny V4 target
+    on CPU, 448 of 540 prompt tokens hit, 92 recomputed for a window of 128.
+    Everything else keeps vLLM's 1."""
+    speculative_config = vllm_config.speculative_config
+    if speculative_config is None or not speculative_config.use_dspark():
+        return 1
+    draft_model_config = speculative_config.draft_model_config
+    if draft_family(draft_model_config) != "deepseek_v4":
+        return 1
+    return DeepSeekV4DSparkConfig.from_hf_config(draft_model_config.hf_config).sliding_window

@@ -249,12 +249,19 @@ class DSparkPagedProposer(DFlashProposer):
         return lengths
 
     def _log_drafts(self, anchor_tokens: torch.Tensor, drafts: torch.Tensor) -> None:
-        """Debug log (``dspark_draft_log``): per request, the last
-        context position before the block, the anchor token and the drafts."""
+        """Debug log (``dspark_draft_log``): per request, the last context position
+        before the block, the anchor token, the drafts and the scheduled length."""
         num_requests = drafts.shape[0]
         anchor_positions = self.positions[self._anchor_rows[:num_requests]] - 1
         req_ids = self._runner.input_batch.req_ids[:num_requests]
-        append_draft_log(self.options.draft_log, req_ids, anchor_positions, anchor_tokens, drafts)
+        append_draft_log(
+            self.options.draft_log,
+            req_ids,
+            anchor_positions,
+            anchor_tokens,
+            drafts,
+            self._draft_token_lengths,
+        )
 
 
 def _check_target_layers(config, num_target_layers: int) -> None:

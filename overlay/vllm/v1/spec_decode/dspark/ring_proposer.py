@@ -128,16 +128,6 @@ class DSparkRingProposer(EagleProposer):
         self.model = model
 
         backbone = model.backbone
-        cache_config = self.vllm_config.cache_config
-        if cache_config.enable_prefix_caching and cache_config.block_size < backbone.window:
-            # A hit recomputes at least one block (V1's EAGLE replay boundary); the ring
-            # of a request starting from a hit then holds fewer than W positions.
-            logger.warning(
-                "KV block size %d is shorter than the DSpark window %d: after a prefix-cache "
-                "hit the draft sees only the recomputed tail (lower acceptance, same output).",
-                cache_config.block_size,
-                backbone.window,
-            )
         ring = ContextRing(
             num_slots=self._slot_table.capacity + 1,
             window=backbone.window,
@@ -298,5 +288,10 @@ class DSparkRingProposer(EagleProposer):
         self, req_ids: list[str], anchor_tokens: torch.Tensor, output: DraftOutput
     ) -> None:
         append_draft_log(
-            self.options.draft_log, req_ids, output.anchors, anchor_tokens, output.token_ids
+            self.options.draft_log,
+            req_ids,
+            output.anchors,
+            anchor_tokens,
+            output.token_ids,
+            self._draft_token_lengths,
         )
