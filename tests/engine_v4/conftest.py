@@ -1,9 +1,9 @@
 """Fixtures for the real vLLM CPU engine serving a tiny DeepSeek-V4 target with its ``mtp.*`` draft.
 
 Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tests can change the
-proposer's module state. The Triton stand-ins (``standins.py``) are installed once per session
-where Triton cannot run; hosts whose vLLM extension lacks the DeepSeek-V4 C++ ops (AVX2-only
-CPUs) skip these tests, naming the missing ops.
+proposer's module state. Once per session, the Triton stand-ins (``standins.py``) are installed
+where Triton cannot run, and the C++ stand-ins (``cpp_standins.py``) for the DeepSeek-V4 ops this
+host's vLLM extension lacks (all of them on AVX2-only CPUs, whose ``_C_AVX2`` has none).
 """
 
 import os
@@ -19,7 +19,7 @@ os.environ.update(
     VLLM_ENABLE_V1_MULTIPROCESSING="0",
 )
 
-from tests.engine_v4 import standins, tiny_v4
+from tests.engine_v4 import cpp_standins, standins, tiny_v4
 
 
 @dataclass
@@ -32,13 +32,7 @@ class TinyV4:
 
 @pytest.fixture(scope="session")
 def tiny_v4_models(tmp_path_factory: pytest.TempPathFactory) -> TinyV4:
-    missing = standins.missing_cpp_ops()
-    if missing:
-        pytest.skip(
-            "this CPU's vLLM extension lacks the DeepSeek-V4 ops "
-            + ", ".join(missing)
-            + " (built for AVX512-BF16 hosts only)"
-        )
+    cpp_standins.install_cpp_standins(cpp_standins.missing_cpp_ops())
     standins.install_triton_standins()
     root = tmp_path_factory.mktemp("tiny-v4")
     return TinyV4(

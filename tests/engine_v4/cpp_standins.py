@@ -295,6 +295,8 @@ PACKED_PAIR = {"convert_weight_packed", "bmm_cpu"}
 
 # Registrations last as long as their Library object does.
 _LIBRARIES: list[torch.library.Library] = []
+INSTALLED: list[str] = []
+"""The ops this process stands in for (so a run can report what it ran on)."""
 
 
 def missing_cpp_ops() -> list[str]:
@@ -319,4 +321,5 @@ def install_cpp_standins(missing: Iterable[str]) -> list[str]:
         library.define(name + schema)
         library.impl(name, function, "CPU")
     _LIBRARIES.append(library)
+    INSTALLED.extend(names)
     return names
