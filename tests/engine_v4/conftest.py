@@ -40,3 +40,29 @@ def tiny_v4_models(tmp_path_factory: pytest.TempPathFactory) -> TinyV4:
             root / "noisy", tiny_v4.oracle_v4_checkpoint(target_noise=0.3)
         ),
     )
+
+
+@pytest.fixture
+def gate_lifted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunked prefill and prefix caching as asked: vLLM's CPU platform switches both off for
+    DeepSeek-V4 unless the CPU has AMX tiles (``amx_mla_or_dsv4_enabled``), although its comment
+    says the V4 CPU kernels support both (``test_v4_prefix_and_chunks.py`` checks the target)."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    original = CpuPlatform.check_and_update_config.__func__
+
+    def keep_requested(cls, vllm_config) -> None:
+        cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
+        asked = (
+            cache.enable_prefix_caching,
+            scheduler.enable_chunked_prefill,
+            scheduler.max_num_batched_tokens,
+        )
+        original(cls, vllm_config)
+        (
+            cache.enable_prefix_caching,
+            scheduler.enable_chunked_prefill,
+            scheduler.max_num_batched_tokens,
+        ) = asked
+
+    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(keep_requested))

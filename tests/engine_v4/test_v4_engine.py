@@ -83,9 +83,20 @@ def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
     )
 
 
-def test_greedy_output_is_lossless_under_churn(tiny_v4_models):
+# With vLLM's CPU gate lifted (conftest ``gate_lifted``): prompts prefilled in chunks of at most
+# 96 tokens, and preempted requests resuming from their own cached blocks.
+CHUNKED_AND_CACHED = dict(
+    enable_chunked_prefill=True, max_num_batched_tokens=96, enable_prefix_caching=True
+)
+
+
+@pytest.mark.parametrize("features", [{}, CHUNKED_AND_CACHED], ids=["plain", "chunked-cached"])
+def test_greedy_output_is_lossless_under_churn(tiny_v4_models, request, features):
     """A context-dependent target with drafts both accepted and rejected, more requests than
-    max_num_seqs (slots reused), mixed lengths, a preemption and an abort mid-flight."""
+    max_num_seqs (slots reused), mixed lengths, a preemption and an abort mid-flight; also with
+    chunked prefill and prefix caching."""
+    if features:
+        request.getfixturevalue("gate_lifted")
     rng = random.Random(0)
     lengths = [240, 245, 7, 250, 12, 236, 150]
     prompts = [
@@ -95,7 +106,9 @@ def test_greedy_output_is_lossless_under_churn(tiny_v4_models):
         for i, n in enumerate(lengths)
     ]
     max_tokens = [30, 40, 24, 36, 40, 28, 25]
-    churn = dict(max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8, abort={4: 6})
+    churn = dict(
+        max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8, abort={4: 6}, **features
+    )
     plain = run_v4(tiny_v4_models.noisy, prompts, max_tokens, **churn)
     run = run_v4(tiny_v4_models.noisy, prompts, max_tokens, dspark(K), **churn)
 

@@ -2,9 +2,10 @@
 
 vLLM's CPU platform switches both off for DeepSeek-V4 unless the CPU has AMX tiles
 (``CpuPlatform.check_and_update_config``: ``amx_mla_or_dsv4_enabled``), although its own comment
-says the V4 CPU kernels support both. The ``gate_lifted`` fixture keeps what the engine was asked
-for; ``test_target_alone_is_unchanged_by_the_lifted_gate`` shows the target's greedy output is the
-same with chunked prefill and prefix caching as without, so the kernels run both on this CPU.
+says the V4 CPU kernels support both. The ``gate_lifted`` fixture (conftest) keeps what the engine
+was asked for; ``test_target_alone_is_unchanged_by_the_lifted_gate`` shows the target's greedy
+output is the same with chunked prefill and prefix caching as without, so the kernels run both on
+this CPU.
 
 A request that starts from a prefix-cache hit fills its ring from the recomputed tokens alone, so
 the hit must leave at least the window W to recompute. V1's own margin does not: with V4's 64-token
@@ -30,29 +31,6 @@ K = 4
 V4_BLOCK = 256
 WINDOW = 128
 CACHING = dict(enable_prefix_caching=True, enable_chunked_prefill=False, max_num_seqs=2)
-
-
-@pytest.fixture
-def gate_lifted(monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm.platforms.cpu import CpuPlatform
-
-    original = CpuPlatform.check_and_update_config.__func__
-
-    def keep_requested(cls, vllm_config) -> None:
-        cache, scheduler = vllm_config.cache_config, vllm_config.scheduler_config
-        asked = (
-            cache.enable_prefix_caching,
-            scheduler.enable_chunked_prefill,
-            scheduler.max_num_batched_tokens,
-        )
-        original(cls, vllm_config)
-        (
-            cache.enable_prefix_caching,
-            scheduler.enable_chunked_prefill,
-            scheduler.max_num_batched_tokens,
-        ) = asked
-
-    monkeypatch.setattr(CpuPlatform, "check_and_update_config", classmethod(keep_requested))
 
 
 @pytest.fixture
