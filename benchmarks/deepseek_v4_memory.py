@@ -14,6 +14,7 @@ then accepts vLLM's CPU FP8 kernel class and the Triton MXFP4 backend for constr
     python -m benchmarks.deepseek_v4_memory
 """
 
+import argparse
 import json
 import math
 import os
@@ -183,6 +184,7 @@ def ring_bytes(config: dict, max_num_seqs: int) -> int:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     shipped = checkpoint_mtp_bytes(V4_FLASH_CONFIG)
     loaded = loaded_draft_bytes(V4_FLASH_CONFIG)
     print("DeepSeek-V4-Flash DSpark draft (3 stages), bytes")

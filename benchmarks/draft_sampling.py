@@ -11,18 +11,15 @@ tokens/s ratio. Output is lossless either way; only acceptance and speed differ.
 """
 
 import argparse
-import gc
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.engine_runs import ENGINE_ENV
 from dspark_demo import tiny_models
+from dspark_demo.engine import TinyEngine, dspark_config
 
 K = 4
 METHODS = ("greedy", "probabilistic")
@@ -35,57 +32,25 @@ def build_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
         root / "bigram-draft",
         bigram_spec,
         tiny_models.bigram_dspark_weights(bigram_spec, bigram_target),
+        bigram_target,
     )
     random_target = tiny_models.build_qwen3_target(root / "random-target")
     random_draft = tiny_models.save_dspark_draft(
-        root / "random-draft", tiny_models.DSparkDraftSpec()
+        root / "random-draft", tiny_models.DSparkDraftSpec(), target=random_target
     )
     return {"bigram": (bigram_target, bigram_draft), "random": (random_target, random_draft)}
 
 
 def measure(target: Path, draft: Path, method: str, concurrency: int, max_tokens: int) -> dict:
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(target),
-        dtype="float32",
-        max_model_len=512,
-        max_num_seqs=concurrency,
-        seed=0,
-        enforce_eager=True,
-        disable_log_stats=False,
-        speculative_config={
-            "method": "dspark",
-            "model": str(draft),
-            "num_speculative_tokens": K,
-            "draft_sample_method": method,
-        },
-    )
     prompts = [f"w{17 * i % 990} w{31 * i % 990} w{7 * i % 990}" for i in range(concurrency * 2)]
-    params = SamplingParams(temperature=1.0, seed=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:1], params, use_tqdm=False)
-
-    def counters(engine) -> tuple[float, list[float]]:
-        drafts, per_pos = 0.0, [0.0] * K
-        for metric in engine.get_metrics():
-            if metric.name == "vllm:spec_decode_num_drafts":
-                drafts += metric.value
-            elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-                per_pos = [a + b for a, b in zip(per_pos, metric.values, strict=True)]
-        return drafts, per_pos
-
-    drafts_before, accepted_before = counters(llm)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    drafts_after, accepted_after = counters(llm)
-    del llm
-    gc.collect()
-    drafts = drafts_after - drafts_before
-    accepted = [a - b for a, b in zip(accepted_after, accepted_before, strict=True)]
+    config = dspark_config(draft, K, draft_sample_method=method)
+    engine_args = dict(max_model_len=512, max_num_seqs=concurrency, block_size=None)
+    with TinyEngine(target, config, **engine_args) as engine:
+        engine.generate(prompts[:1], max_tokens, temperature=1.0)  # warm-up
+        run = engine.generate(prompts, max_tokens, temperature=1.0)
     return {
-        "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outputs) / seconds,
-        "acceptance": [a / drafts if drafts else 0.0 for a in accepted],
+        "tokens_per_s": run.tokens_per_s,
+        "acceptance": [a / run.drafts if run.drafts else 0.0 for a in run.accepted_per_position],
     }
 
 
@@ -95,7 +60,6 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args()
-    os.environ.update(ENGINE_ENV)
     with tempfile.TemporaryDirectory() as workdir:
         pairs = build_pairs(Path(workdir))
         results: dict[tuple[str, str], list[dict]] = {}
