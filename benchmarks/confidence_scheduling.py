@@ -14,18 +14,15 @@ the verified rows, so shorter verification mainly loses accepted tokens here.
 """
 
 import argparse
-import gc
-import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dspark_demo import tiny_models
-from dspark_demo.engine import ENGINE_ENV
+from dspark_demo.engine import TinyEngine, dspark_config
 
 SCHEDULERS = {
     "off": {},
@@ -54,42 +51,16 @@ def build_models(root: Path) -> tuple[Path, Path]:
 
 
 def measure(target: Path, draft: Path, options: dict, concurrency: int, max_tokens: int) -> dict:
-    from vllm import LLM, SamplingParams
-
-    llm = LLM(
-        model=str(target),
-        dtype="float32",
-        max_model_len=512,
-        max_num_seqs=concurrency,
-        enforce_eager=True,
-        disable_log_stats=False,
-        speculative_config={
-            "method": "dspark",
-            "model": str(draft),
-            "num_speculative_tokens": K,
-            **options,
-        },
-    )
     prompts = [f"w{17 * i % 990} w{31 * i % 990} w{7 * i % 990}" for i in range(concurrency * 2)]
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:1], params, use_tqdm=False)
-    before = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
-    after = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    del llm
-    gc.collect()
-
-    def delta(name: str) -> float:
-        return (after.get(name) or 0) - (before.get(name) or 0)
-
-    drafts = delta("vllm:spec_decode_num_drafts")
-    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    engine_args = dict(max_model_len=512, max_num_seqs=concurrency, block_size=None)
+    with TinyEngine(target, dspark_config(draft, K, **options), **engine_args) as engine:
+        engine.generate(prompts[:1], max_tokens)  # warm-up
+        run = engine.generate(prompts, max_tokens)
+    verified = run.metrics["vllm:spec_decode_num_draft_tokens"]
     return {
-        "tokens_per_s": tokens / seconds,
-        "tau": 1 + delta("vllm:spec_decode_num_accepted_tokens") / drafts if drafts else 1.0,
-        "verified_per_step": delta("vllm:spec_decode_num_draft_tokens") / drafts if drafts else 0,
+        "tokens_per_s": run.tokens_per_s,
+        "tau": run.tau or 1.0,
+        "verified_per_step": verified / run.drafts if run.drafts else 0,
     }
 
 
@@ -99,7 +70,6 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
-    os.environ.update(ENGINE_ENV)
     with tempfile.TemporaryDirectory() as workdir:
         target, draft = build_models(Path(workdir))
         results: dict[tuple[str, int], list[dict]] = {}

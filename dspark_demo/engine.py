@@ -300,3 +300,15 @@ def read_draft_log(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, A
         if record["rank"] == rank:
             by_request[record["req_id"].rsplit("-", 1)[0]][record["anchor"]] = record
     return by_request
+
+
+def draft_steps(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, Any]]]:
+    """``read_draft_log`` less what differs between runs and ranks (the request-id
+    suffix, the rank): what two runs that drafted alike have in common."""
+    return {
+        request: {
+            anchor: {key: value for key, value in record.items() if key not in ("req_id", "rank")}
+            for anchor, record in records.items()
+        }
+        for request, records in read_draft_log(path, rank).items()
+    }

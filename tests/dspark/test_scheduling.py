@@ -159,6 +159,14 @@ def test_survival_is_the_sequential_float32_product():
     torch.testing.assert_close(survival(conf).double(), reference, rtol=1e-6, atol=0)
 
 
+# 1-5 requests, each with the same number (1-6) of float32 confidences.
+CONFIDENCE_ROWS = st.integers(1, 6).flatmap(
+    lambda k: st.lists(
+        st.lists(st.floats(0.0, 1.0, width=32), min_size=k, max_size=k), min_size=1, max_size=5
+    )
+)
+
+
 def reference_deepspec_threshold(row: list[float], tau: float) -> int:
     """DeepSpec's `_confident_prefix_length`: the index of the first confidence below tau."""
     below = [np.float32(c) < np.float32(tau) for c in row]
@@ -166,14 +174,7 @@ def reference_deepspec_threshold(row: list[float], tau: float) -> int:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    conf=st.integers(1, 6).flatmap(
-        lambda k: st.lists(
-            st.lists(st.floats(0.0, 1.0, width=32), min_size=k, max_size=k), min_size=1, max_size=5
-        )
-    ),
-    tau=st.floats(0.0, 1.0),
-)
+@given(conf=CONFIDENCE_ROWS, tau=st.floats(0.0, 1.0))
 def test_threshold_is_deepspecs_rule(conf, tau):
     lengths = threshold_lengths(conf_tensor(conf), tau)
     assert lengths.dtype == torch.int32
@@ -202,14 +203,7 @@ def reference_survival_threshold(row: list[float], tau: float) -> int:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    conf=st.integers(1, 6).flatmap(
-        lambda k: st.lists(
-            st.lists(st.floats(0.0, 1.0, width=32), min_size=k, max_size=k), min_size=1, max_size=5
-        )
-    ),
-    tau=st.floats(0.0, 1.0),
-)
+@given(conf=CONFIDENCE_ROWS, tau=st.floats(0.0, 1.0))
 def test_survival_threshold_matches_the_definition(conf, tau):
     lengths = survival_threshold_lengths(conf_tensor(conf), tau)
     assert lengths.dtype == torch.int32

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.engine import read_draft_log
+from dspark_demo.engine import draft_steps
 from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 
@@ -52,14 +52,6 @@ def run_both(target: Path, tmp_path: Path, **fields) -> tuple[dict, dict]:
     return runs, logs
 
 
-def without_rank(log: dict) -> dict:
-    """Records keyed by prompt and anchor, less what differs between runs and ranks."""
-    return {
-        req: {anchor: {**r, "rank": None, "req_id": None} for anchor, r in records.items()}
-        for req, records in log.items()
-    }
-
-
 def test_tp2_drafts_are_the_tp1_drafts(tiny_v4_models, worker_standins, tmp_path):
     """The oracle draft is right only with every rank's shard of every ``mtp.*`` tensor in its
     place: a wrong cut changes its drafts and they are no longer all accepted."""
@@ -69,9 +61,9 @@ def test_tp2_drafts_are_the_tp1_drafts(tiny_v4_models, worker_standins, tmp_path
     drafted = runs[2].metrics["vllm:spec_decode_num_draft_tokens"]
     assert drafted >= 40
     assert runs[2].metrics["vllm:spec_decode_num_accepted_tokens"] == drafted
-    rank0 = without_rank(read_draft_log(logs[2], rank=0))
-    assert without_rank(read_draft_log(logs[2], rank=1)) == rank0
-    assert rank0 == without_rank(read_draft_log(logs[1]))
+    rank0 = draft_steps(logs[2], rank=0)
+    assert draft_steps(logs[2], rank=1) == rank0
+    assert draft_steps(logs[1]) == rank0
 
 
 def test_tp2_ranks_schedule_the_same_lengths(tiny_v4_models, worker_standins, tmp_path):
@@ -84,7 +76,7 @@ def test_tp2_ranks_schedule_the_same_lengths(tiny_v4_models, worker_standins, tm
         dspark_confidence_threshold=0.5,
     )
 
-    rank0 = read_draft_log(logs[2], rank=0)
-    assert without_rank(read_draft_log(logs[2], rank=1)) == without_rank(rank0)
+    rank0 = draft_steps(logs[2], rank=0)
+    assert draft_steps(logs[2], rank=1) == rank0
     lengths = [r["verify"] for records in rank0.values() for r in records.values()]
     assert len(set(lengths)) >= 3, f"the confidence head should vary the lengths: {set(lengths)}"

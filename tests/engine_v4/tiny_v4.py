@@ -1,6 +1,7 @@
 """A tiny DeepSeek-V4 target whose checkpoint carries its DSpark draft as ``mtp.*``.
 
-Config keys and tensor names are those DeepSeek-V4-Flash ships (``embed.weight``,
+Config keys and tensor names are those DeepSeek-V4-Flash ships (the config starts from the
+published one, ``benchmarks.deepseek_v4_memory.V4_FLASH_CONFIG``; tensors ``embed.weight``,
 ``layers.{i}.attn.wq_a.weight``, ``mtp.{s}.ffn.experts.{e}.w1.weight``, ...); sizes are cut down
 except ``head_dim`` 512 and ``qk_rope_head_dim`` 64, which vLLM's DeepSeek-V4 CPU kernels require.
 """
@@ -16,53 +17,34 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from benchmarks.deepseek_v4_memory import V4_FLASH_CONFIG
 from dspark_demo.tiny_models import build_tokenizer
 
 VOCAB_SIZE = 1000
 NOISE_TOKEN_ID = 4
 
+# The published DeepSeek-V4-Flash config, cut down: every key it ships, unquantised, 2 layers
+# without compression or hash routing, 64 experts (the fewest ``biased_topk_cpu`` takes).
 TINY_V4_CONFIG: dict = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
+    **{key: value for key, value in V4_FLASH_CONFIG.items() if key != "quantization_config"},
     "vocab_size": VOCAB_SIZE,
     "hidden_size": 64,
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
     "q_lora_rank": 64,
     "o_lora_rank": 64,
     "o_groups": 2,
-    "sliding_window": 128,
     "compress_ratios": [0, 0],
-    "compress_rope_theta": 160000.0,
     "index_topk": 64,
     "index_n_heads": 4,
-    "index_head_dim": 128,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
     "rope_scaling": None,
     "max_position_embeddings": 4096,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
     "n_routed_experts": 64,
-    "num_experts_per_tok": 6,
     "moe_intermediate_size": 32,
-    "n_shared_experts": 1,
-    "routed_scaling_factor": 1.5,
-    "swiglu_limit": 10.0,
-    "scoring_func": "sqrtsoftplus",
-    "topk_method": "noaux_tc",
-    "norm_topk_prob": True,
-    "hidden_act": "silu",
     "num_hash_layers": 0,
-    "num_nextn_predict_layers": 1,
     "expert_dtype": "bf16",
-    "tie_word_embeddings": False,
     "bos_token_id": 1,
     "eos_token_id": 2,
-    "torch_dtype": "bfloat16",
     "dspark_block_size": 4,
     "dspark_noise_token_id": NOISE_TOKEN_ID,
     "dspark_target_layer_ids": [0, 1],
