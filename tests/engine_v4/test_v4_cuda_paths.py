@@ -14,6 +14,7 @@
 import ast
 import inspect
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -364,3 +365,157 @@ def test_late_copies_catch_a_reused_host_buffer(tiny_v4_models, monkeypatch):
     copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
     assert copies.checked >= 10
     assert copies.wrong >= 1
+
+
+# --- The draft step in CUDA graphs -------------------------------------------------------------
+
+
+def graph_config(enforce_eager, mode, sizes=(1, 2, 4, 8, 16)):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(enforce_eager=enforce_eager),
+        compilation_config=SimpleNamespace(
+            cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes)
+        ),
+    )
+
+
+def test_enforce_eager_on_the_draft_config_is_honoured_both_ways():
+    """Graphs for the runner's capture sizes up to max_num_seqs unless the draft config says
+    ``enforce_eager: true`` or the target captures none; never off CUDA."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.spec_decode.dspark.ring_proposer import draft_graph_sizes
+
+    full = CUDAGraphMode.FULL_AND_PIECEWISE
+    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=True) == [1, 2, 4]
+    assert draft_graph_sizes(graph_config(None, full), 16, on_cuda=True) == [1, 2, 4, 8, 16]
+    assert draft_graph_sizes(graph_config(True, full), 6, on_cuda=True) == []
+    assert draft_graph_sizes(graph_config(False, CUDAGraphMode.NONE), 6, on_cuda=True) == []
+    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=False) == []
+
+
+class PassThroughGraph:
+    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: runs the captured function at every
+    replay, and records the forward context's mode and batch size."""
+
+    replays: ClassVar[list[tuple[object, int]]] = []
+
+    def __init__(self, runnable, vllm_config, runtime_mode) -> None:
+        self.runnable, self.runtime_mode = runnable, runtime_mode
+
+    def __call__(self, size: int):
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        assert context.batch_descriptor.num_tokens == size
+        self.replays.append((context.cudagraph_runtime_mode, size))
+        return self.runnable(size)
+
+
+def logged_drafts(path: Path) -> dict[str, dict[int, tuple]]:
+    from dspark_demo.engine import read_draft_log
+
+    return {
+        request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
+        for request, records in read_draft_log(path).items()
+    }
+
+
+def test_graph_path_drafts_exactly_what_the_eager_path_drafts(
+    tiny_v4_models, monkeypatch, tmp_path
+):
+    """The graph path (fixed buffers, batches padded to a captured size with the scratch slot,
+    outputs sliced and copied) on CPU with the graph replaced by its function: at every step
+    every request drafts what the eager path drafts, and the output is the same. Three requests
+    (max_num_seqs 4) through sizes [1, 2, 4] replay size 4 with one padding row, then 2 and 1 as
+    they finish."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.spec_decode.dspark import ring_proposer
+
+    prompts = [cycle_prompt(10 + PERIOD * i, 40 + 7 * i) for i in range(3)]
+    max_tokens = [12, 20, 28]
+    eager_log, graph_log = tmp_path / "eager.jsonl", tmp_path / "graph.jsonl"
+    eager = run_v4(
+        tiny_v4_models.noisy,
+        prompts,
+        max_tokens,
+        dspark(4, dspark_draft_log=str(eager_log)),
+        max_num_seqs=4,
+    )
+
+    load_model = ring_proposer.DSparkRingProposer.load_model
+
+    def load_and_capture(proposer, target_model):
+        load_model(proposer, target_model)
+        for size in proposer.draft_graphs.sizes:
+            proposer.draft_graphs.capture(size)
+
+    replayed: list[tuple[int, int]] = []
+    draft = ring_proposer.DraftGraphs.draft
+
+    def recorded_draft(graphs, slots, anchors, anchor_tokens, size):
+        replayed.append((slots.shape[0], size))
+        return draft(graphs, slots, anchors, anchor_tokens, size)
+
+    PassThroughGraph.replays = []
+    monkeypatch.setattr(ring_proposer, "CUDAGraphWrapper", PassThroughGraph)
+    monkeypatch.setattr(ring_proposer, "draft_graph_sizes", lambda *args: [1, 2, 4])
+    monkeypatch.setattr(ring_proposer.DSparkRingProposer, "load_model", load_and_capture)
+    monkeypatch.setattr(ring_proposer.DraftGraphs, "draft", recorded_draft)
+    graph = run_v4(
+        tiny_v4_models.noisy,
+        prompts,
+        max_tokens,
+        dspark(4, dspark_draft_log=str(graph_log)),
+        max_num_seqs=4,
+    )
+
+    assert graph.token_ids == eager.token_ids
+    assert logged_drafts(graph_log) == logged_drafts(eager_log)
+    assert {(3, 4), (2, 2), (1, 1)} <= set(replayed)
+    assert {mode for mode, _ in PassThroughGraph.replays} == {CUDAGraphMode.FULL}
+    assert (
+        0
+        < graph.metrics["vllm:spec_decode_num_accepted_tokens"]
+        < graph.metrics["vllm:spec_decode_num_draft_tokens"]
+    )
+
+
+# --- Memory: what vLLM's profile run sees -----------------------------------------------------
+
+
+def test_profile_run_writes_the_context_and_fills_the_one_probs_buffer(tiny_v4_models, monkeypatch):
+    """The proposer's dummy_run (vLLM's memory profile calls it with max_num_batched_tokens)
+    projects and writes that many target rows into the ring and writes every request's
+    distributions into the single preallocated ``[max_num_seqs, k, V]`` buffer of probabilistic
+    drafts; EAGLE's per-token buffers, which the ring draft never reads, hold nothing."""
+    from dspark_demo.engine import TinyEngine
+    from tests.engine_v4.v4_harness import V4_ENGINE_ARGS
+    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+
+    written_rows: list[int] = []
+    write_context = BlockDrafter.write_context
+
+    def recorded_write(drafter, request_slots, target_features, *args):
+        written_rows.append(target_features.shape[0])
+        return write_context(drafter, request_slots, target_features, *args)
+
+    monkeypatch.setattr(BlockDrafter, "write_context", recorded_write)
+    spec = dspark(4, draft_sample_method="probabilistic")
+    with TinyEngine(tiny_v4_models.oracle, spec, **{**V4_ENGINE_ARGS, "max_num_seqs": 3}) as engine:
+        runner = engine.model_runner
+        proposer = runner.drafter
+        probs = proposer._drafter.draft_probs
+        vocab = runner.vllm_config.model_config.get_vocab_size()
+        assert probs.shape == (3, 4, vocab) and probs.dtype == torch.float32
+        for name in ring_proposer._UNUSED_BASE_BUFFERS:
+            assert getattr(proposer, name).numel() == 0, name
+
+        probs.zero_()
+        written_rows.clear()
+        max_tokens = runner.vllm_config.scheduler_config.max_num_batched_tokens
+        proposer.dummy_run(max_tokens)
+        assert written_rows == [max_tokens]
+        torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4))

@@ -107,6 +107,15 @@ def markov_chain(
     return MarkovDrafts(torch.stack(drafts, dim=1), torch.stack(embeds, dim=1), probs)
 
 
+def draft_probs_buffer(
+    max_num_requests: int, num_drafts: int, vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """The ``[max_num_seqs, k, V]`` float32 distributions of probabilistic drafts (rejection
+    sampling reads them): one buffer for every step, allocated (and written) before vLLM's memory
+    profile so that the profile counts it."""
+    return torch.zeros(max_num_requests, num_drafts, vocab_size, dtype=torch.float32, device=device)
+
+
 def draft_probs_view(
     probs_out: torch.Tensor | None,
     num_requests: int,

@@ -43,7 +43,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
 from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
-from vllm.v1.spec_decode.dspark.markov import greedy_sample, position_sampler
+from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer, greedy_sample, position_sampler
 from vllm.v1.spec_decode.dspark.options import (
     DEEPSEEK_V4_UNSUPPORTED,
     RING_PROPOSER_UNSUPPORTED,
@@ -79,14 +79,6 @@ def draft_graph_sizes(vllm_config: VllmConfig, max_num_requests: int, on_cuda: b
         return []
     sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
     return sorted({size for size in sizes if size <= max_num_requests})
-
-
-def draft_probs_buffer(
-    max_num_requests: int, num_drafts: int, vocab_size: int, device: torch.device
-) -> torch.Tensor:
-    """The ``[max_num_seqs, k, V]`` float32 distributions of probabilistic drafts (rejection
-    sampling reads them), one buffer for every step."""
-    return torch.zeros(max_num_requests, num_drafts, vocab_size, dtype=torch.float32, device=device)
 
 
 class DraftGraphs:
