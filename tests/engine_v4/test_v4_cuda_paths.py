@@ -396,20 +396,27 @@ def test_enforce_eager_on_the_draft_config_is_honoured_both_ways():
 
 
 class PassThroughGraph:
-    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: runs the captured function at every
-    replay, and records the forward context's mode and batch size."""
+    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: the first call for a batch descriptor
+    "captures" (holds an entry, as the wrapper does), later ones replay by running the function;
+    records the forward context's mode and batch size."""
 
     replays: ClassVar[list[tuple[object, int]]] = []
 
     def __init__(self, runnable, vllm_config, runtime_mode) -> None:
         self.runnable, self.runtime_mode = runnable, runtime_mode
+        self.concrete_cudagraph_entries: dict = {}
 
     def __call__(self, size: int):
+        from types import SimpleNamespace
+
         from vllm.forward_context import get_forward_context
 
         context = get_forward_context()
         assert context.batch_descriptor.num_tokens == size
         self.replays.append((context.cudagraph_runtime_mode, size))
+        self.concrete_cudagraph_entries.setdefault(
+            context.batch_descriptor, SimpleNamespace(cudagraph=object())
+        )
         return self.runnable(size)
 
 
@@ -448,8 +455,15 @@ def test_graph_path_drafts_exactly_what_the_eager_path_drafts(
 
     def load_and_capture(proposer, target_model):
         load_model(proposer, target_model)
-        for size in proposer.draft_graphs.sizes:
-            proposer.draft_graphs.capture(size)
+        graphs = proposer.draft_graphs
+        # As vLLM's memory profile does: capture, then clear every wrapper's graphs; a cleared
+        # size drafts eagerly until the runner's capture pass captures it again.
+        for size in graphs.sizes:
+            graphs.capture(size)
+        graphs._graph.concrete_cudagraph_entries.clear()
+        assert graphs.padded_size(1) is None
+        for size in graphs.sizes:
+            graphs.capture(size)
 
     replayed: list[tuple[int, int]] = []
     draft = ring_proposer.DraftGraphs.draft

@@ -99,7 +99,6 @@ class DraftGraphs:
         with_confidence: bool,
     ) -> None:
         self.sizes = sorted(sizes)
-        self.captured: set[int] = set()
         self.num_drafts = num_drafts
         self._drafter = drafter
         self._vllm_config = vllm_config
@@ -109,6 +108,16 @@ class DraftGraphs:
         self._anchors = torch.zeros(largest, dtype=torch.int64, device=device)
         self._anchor_tokens = torch.zeros(largest, dtype=torch.int64, device=device)
         self._graph = CUDAGraphWrapper(self._draft_from_buffers, vllm_config, CUDAGraphMode.FULL)
+
+    @property
+    def captured(self) -> set[int]:
+        """Sizes the wrapper holds a graph for. vLLM's CUDA-graph memory profile captures and
+        then clears every wrapper's graphs; the runner's capture pass captures them again."""
+        return {
+            descriptor.num_tokens
+            for descriptor, entry in self._graph.concrete_cudagraph_entries.items()
+            if entry.cudagraph is not None
+        }
 
     def padded_size(self, num_requests: int) -> int | None:
         """The captured size a batch of ``num_requests`` replays; None: it runs eagerly."""
@@ -121,7 +130,6 @@ class DraftGraphs:
         """Capture the draft of ``size`` requests (inside the runner's graph-capture pass)."""
         with self._context(size):
             self._graph(size)
-        self.captured.add(size)
 
     def draft(
         self, slots: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor, size: int
