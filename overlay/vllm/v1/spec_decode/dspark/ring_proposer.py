@@ -377,6 +377,8 @@ class DSparkRingProposer(EagleProposer):
         self.kv_cache_gid = 0
 
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
+        """No keys for EAGLE's token-count dispatcher: the draft's graphs are ``DraftGraphs``,
+        keyed by padded request count."""
         self.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
 
     @torch.inference_mode()
