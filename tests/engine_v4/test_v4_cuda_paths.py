@@ -42,13 +42,16 @@ def trees() -> list[str]:
     return [name for name, root in VLLM_TREES.items() if root.is_dir()]
 
 
-def parsed_signature(source: Path, class_name: str, method: str) -> inspect.Signature:
-    """``class_name.method``'s signature as written in ``source``, without ``self``."""
-    tree = ast.parse(source.read_text())
-    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name]
-    (func,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == method]
+def parsed_signature(source: Path, class_name: str | None, name: str) -> inspect.Signature:
+    """``class_name.name``'s signature as written in ``source``, without ``self``; with
+    ``class_name`` None, the module-level function ``name``'s."""
+    body = ast.parse(source.read_text()).body
+    if class_name is not None:
+        (cls,) = [n for n in body if isinstance(n, ast.ClassDef) and n.name == class_name]
+        body = cls.body
+    (func,) = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
     args, kind = func.args, inspect.Parameter
-    positional = [*args.posonlyargs, *args.args][1:]
+    positional = [*args.posonlyargs, *args.args][0 if class_name is None else 1 :]
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
     parameters = [
         kind(a.arg, kind.POSITIONAL_OR_KEYWORD, default=written_default(d))
@@ -114,6 +117,47 @@ def test_draft_builds_each_platforms_moe_with_the_arguments_it_takes(
             assert arguments.arguments["num_hash_layers"] <= layer
         if "use_sequence_parallel" in arguments.arguments:
             assert arguments.arguments["use_sequence_parallel"] is False
+
+
+# Constructors the draft's layers call, by the module that defines them.
+CONSTRUCTORS = {
+    "ReplicatedLinear": "model_executor/layers/linear.py",
+    "ColumnParallelLinear": "model_executor/layers/linear.py",
+    "MergedColumnParallelLinear": "model_executor/layers/linear.py",
+    "RowParallelLinear": "model_executor/layers/linear.py",
+    "RMSNorm": "model_executor/layers/layernorm.py",
+}
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_draft_layer_construction_binds_each_vllm_tree(tiny_v4_models, monkeypatch, tree):
+    """The quantised linears, norms and the rotary the draft builds are called as their
+    constructors are written in each vLLM tree (0.33.0's is never imported here)."""
+    from vllm.v1.spec_decode.dspark.deepseek_v4 import layers
+
+    calls: list[tuple[str, tuple, dict]] = []
+
+    def recording(name):
+        original = getattr(layers, name)
+
+        def construct(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            return original(*args, **kwargs)
+
+        return construct
+
+    for name in [*CONSTRUCTORS, "build_deepseek_v4_rope"]:
+        monkeypatch.setattr(layers, name, recording(name))
+    build_draft(v4_vllm_config(tiny_v4_models.oracle), device="cpu")
+
+    assert {name for name, _, _ in calls} == {*CONSTRUCTORS, "build_deepseek_v4_rope"}
+    rope = VLLM_TREES[tree] / "models" / "deepseek_v4" / "common" / "rope.py"
+    for name, args, kwargs in calls:
+        if name == "build_deepseek_v4_rope":
+            signature = parsed_signature(rope, None, name)
+        else:
+            signature = parsed_signature(VLLM_TREES[tree] / CONSTRUCTORS[name], name, "__init__")
+        signature.bind(*args, **kwargs)
 
 
 # --- The draft step's calls into platform code, recorded in the CPU engine ---------------------
