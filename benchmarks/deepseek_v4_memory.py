@@ -7,6 +7,16 @@ read or allocated, and sums its parameters' bytes. Next to it: the bytes of the 
 block, MXFP4 routed experts with one ue8m0 scale per 32 values, bf16 norms and heads, fp32 mHC),
 and the proposer's ring at max_num_seqs 16 and 256.
 
+Then the GPU-side draft state the proposer allocates besides its weights (ring, block buffers,
+CUDA-graph input buffers, the probabilistic drafts' distributions), built by the proposer's own
+constructors on the meta device, at the DGX Spark profile's sizes (max_num_seqs 6, k = 5,
+DeepSeek-V4's vocabulary, probabilistic drafts) and at max_num_seqs 1024, k = 7, V = 151936
+(Qwen3's vocabulary; the distributions buffer is the same for Qwen3 drafts, the ring is the V4
+draft's). Each of these is allocated before vLLM's memory profile, so the profile
+counts it; the profile run (the proposer's ``dummy_run``) also writes the context of
+max_num_batched_tokens target rows and every distribution row. Next to the distributions: the
+peak the Markov chain had before, k ``[B, V]`` tensors plus their stack.
+
 On a CPU without AMX, vLLM picks no FP8-block linear kernel and no MXFP4 MoE backend; the script
 then accepts vLLM's CPU FP8 kernel class and the Triton MXFP4 backend for construction only
 (parameters are created by the quantisation methods themselves; no kernel runs on meta tensors).
@@ -183,6 +193,71 @@ def ring_bytes(config: dict, max_num_seqs: int) -> int:
     return sum(t.numel() * t.element_size() for t in buffers)
 
 
+def draft_state_bytes(
+    config: dict, max_num_seqs: int, k: int, vocab_size: int, graph_sizes: list[int]
+) -> dict[str, int]:
+    """Bytes of each GPU buffer of the ring proposer's draft state (weights aside), from the
+    proposer's own constructors on the meta device."""
+    from unittest import mock
+
+    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+    from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer
+    from vllm.v1.spec_decode.dspark.ring import ContextRing
+
+    meta = torch.device("meta")
+    ring = ContextRing(
+        num_slots=max_num_seqs + 1,
+        window=config["sliding_window"],
+        entry_shape=(len(config["dspark_target_layer_ids"]), config["head_dim"]),
+        dtype=torch.bfloat16,
+        device=meta,
+    )
+    probs = draft_probs_buffer(max_num_seqs, k, vocab_size, meta)
+    drafter = BlockDrafter(
+        None, None, ring, noise_token_id=0, max_position=1, max_num_drafts=k, draft_probs=probs
+    )
+    # The wrapper holds no tensors before capture; the captured graphs' memory is measured by
+    # vLLM's own CUDA-graph profile.
+    with mock.patch.object(ring_proposer, "CUDAGraphWrapper"):
+        graphs = ring_proposer.DraftGraphs(drafter, None, graph_sizes, k, with_confidence=False)
+
+    def size(*tensors: torch.Tensor) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    return {
+        "V4 ring (values, tags, write scratch)": size(
+            ring._flat_values, ring._flat_tags, ring._winner_rank
+        ),
+        "block ids, positions, offsets": size(
+            drafter._block_ids, drafter._block_positions, drafter._block_offsets
+        ),
+        "graph inputs (slots, anchors, tokens)": size(
+            graphs._slots, graphs._anchors, graphs._anchor_tokens
+        ),
+        "draft distributions [B, k, V]": size(probs),
+    }
+
+
+def print_draft_state(label: str, max_num_seqs: int, k: int, vocab_size: int) -> None:
+    graph_sizes = sorted({1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs})
+    state = draft_state_bytes(V4_FLASH_CONFIG, max_num_seqs, k, vocab_size, graph_sizes)
+    print(f"GPU draft state, {label}: max_num_seqs={max_num_seqs}, k={k}, V={vocab_size}")
+    for name, nbytes in state.items():
+        print(f"  {name:<38s}: {nbytes:>15,d}  ({nbytes / 2**20:.1f} MiB)")
+    total = sum(state.values())
+    print(f"  {'total, all counted by the profile':<38s}: {total:>15,d}  ({total / GIB:.2f} GiB)")
+    probs = state["draft distributions [B, k, V]"]
+    transient = max_num_seqs * vocab_size * 4
+    before = 2 * probs
+    now = probs + transient
+    # From the shapes: before, k [B, V] tensors and their [B, k, V] stack; now, the buffer and
+    # the one [B, V] distribution being written.
+    print(f"  distributions at peak, before (shapes): {before:>15,d}  ({before / GIB:.2f} GiB)")
+    print(f"  distributions at peak, now (shapes)   : {now:>15,d}  ({now / GIB:.2f} GiB)")
+    print(f"  now / before                          : {now / before:.4f}")
+
+
 def main() -> None:
     argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     shipped = checkpoint_mtp_bytes(V4_FLASH_CONFIG)
@@ -195,6 +270,8 @@ def main() -> None:
         size = ring_bytes(V4_FLASH_CONFIG, max_num_seqs)
         label = f"ring, max_num_seqs={max_num_seqs}"
         print(f"  {label:<28s}: {size:>15,d}  ({size / 2**20:.1f} MiB)")
+    print_draft_state("DGX Spark profile", 6, 5, V4_FLASH_CONFIG["vocab_size"])
+    print_draft_state("large GPU", 1024, 7, 151936)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,52 @@ def test_probabilistic_drafts_return_the_distribution_of_each_drawn_token():
         previous = drafts.token_ids[:, j]
 
 
+def test_probabilistic_drafts_write_into_the_one_preallocated_buffer():
+    """The distributions land in the proposer's ``[max_num_seqs, k, V]`` buffer (rows past the
+    batch untouched), the same values as without it, and the chain stacks no k tensors: one
+    [B, V] distribution at a time is alive besides the buffer."""
+    heads = PlainHeads()
+    batch, max_batch = 3, 5
+    base = torch.randn(batch, K, VOCAB, generator=torch.Generator().manual_seed(10))
+    anchors = torch.arange(batch)
+    temperature = torch.full((batch,), TEMPERATURE)
+
+    def sample_seeded():
+        # Reseeded: both chains draw the same tokens.
+        torch.manual_seed(0)
+        return position_sampler(True, sampling_metadata(temperature))
+
+    unbuffered = markov_chain(
+        base.clone(), anchors, heads.embed, heads.bias, sample=sample_seeded()
+    )
+    buffer = torch.full((max_batch, K, VOCAB), -1.0)
+    stacked = []
+    original_stack = torch.stack
+
+    def recording_stack(tensors, *args, **kwargs):
+        stacked.append(tuple(tensors[0].shape))
+        return original_stack(tensors, *args, **kwargs)
+
+    torch.stack = recording_stack
+    try:
+        drafts = markov_chain(
+            base.clone(),
+            anchors,
+            heads.embed,
+            heads.bias,
+            sample=sample_seeded(),
+            probs_out=buffer,
+        )
+    finally:
+        torch.stack = original_stack
+    assert drafts.probs is not None and drafts.probs.data_ptr() == buffer.data_ptr()
+    assert drafts.probs.shape == (batch, K, VOCAB)
+    assert torch.equal(drafts.token_ids, unbuffered.token_ids)
+    torch.testing.assert_close(drafts.probs, unbuffered.probs)
+    assert bool((buffer[batch:] == -1).all())
+    assert (batch, VOCAB) not in stacked
+
+
 def test_greedy_method_or_greedy_batches_keep_argmax_drafts_without_probabilities():
     heads = PlainHeads()
     base = torch.randn(4, K, VOCAB, generator=torch.Generator().manual_seed(9))

@@ -16,12 +16,14 @@ class DSparkBackbone(nn.Module, ABC):
     """Draft network of one checkpoint family.
 
     Subclasses set ``window`` (W, context positions the draft attends to),
-    ``ring_entry_shape`` (shape of one position's ring entry) and
+    ``ring_entry_shape`` (shape of one position's ring entry),
+    ``feature_size`` (width of a row of tapped target features) and
     ``hidden_size`` before the drafter is built.
     """
 
     window: int
     ring_entry_shape: tuple[int, ...]
+    feature_size: int
     hidden_size: int
 
     @abstractmethod

@@ -73,10 +73,14 @@ class BlockDrafter:
         sample_from_anchor: bool = True,
         draft_topk: int | None = None,
         markov_bias_gathered: GatheredBias | None = None,
+        draft_probs: torch.Tensor | None = None,
     ) -> None:
         """``draft_topk``: correct only the top-k base logits per position
-        (``dspark_draft_topk``) with ``markov_bias_gathered``."""
+        (``dspark_draft_topk``) with ``markov_bias_gathered``. ``draft_probs``:
+        the preallocated ``[max requests, k, V]`` float32 buffer probabilistic
+        drafts write their distributions into."""
         self.backbone = backbone
+        self.draft_probs = draft_probs
         self.draft_topk = draft_topk
         self.markov_bias_gathered = markov_bias_gathered
         self.heads = heads
@@ -168,6 +172,7 @@ class BlockDrafter:
             sample=sample,
             topk=self.draft_topk,
             markov_bias_gathered=self.markov_bias_gathered,
+            probs_out=self.draft_probs,
         )
         confidence = None
         if with_confidence:

@@ -59,6 +59,7 @@ def markov_chain(
     sample: PositionSampler = greedy_sample,
     topk: int | None = None,
     markov_bias_gathered: GatheredBias | None = None,
+    probs_out: torch.Tensor | None = None,
 ) -> MarkovDrafts:
     """Left-to-right chain over ``base_logits`` ``[B, n, V]``.
 
@@ -66,6 +67,10 @@ def markov_chain(
     lets ``sample`` pick its token. With ``topk`` only the ``topk`` largest base
     logits of each position are corrected (``markov_bias_gathered``) and the
     rest of the vocabulary is excluded; ``base_logits`` is then overwritten.
+    Probabilistic distributions are written position by position into
+    ``probs_out`` (``[>= B, >= n, V]`` float32, the proposer's preallocated
+    buffer, so the peak is one buffer, not k tensors and their stack); without
+    it, into one ``[B, n, V]`` tensor allocated at the first position.
     """
     if topk is not None and markov_bias_gathered is None:
         raise ValueError("markov_chain with topk needs markov_bias_gathered.")
@@ -76,7 +81,9 @@ def markov_chain(
         # corrected candidates into its own row.
         base_logits.fill_(float("-inf"))
     previous = anchor_tokens.long()
-    drafts, embeds, probs = [], [], []
+    num_requests = base_logits.shape[0]
+    drafts, embeds = [], []
+    probs: torch.Tensor | None = None
     for position in range(num_positions):
         embed = markov_embed(previous)
         if topk is None:
@@ -94,12 +101,31 @@ def markov_chain(
         drafts.append(previous)
         embeds.append(embed)
         if position_probs is not None:
-            probs.append(position_probs)
-    return MarkovDrafts(
-        torch.stack(drafts, dim=1),
-        torch.stack(embeds, dim=1),
-        torch.stack(probs, dim=1) if probs else None,
-    )
+            if probs is None:
+                probs = draft_probs_view(probs_out, num_requests, num_positions, position_probs)
+            probs[:, position].copy_(position_probs)
+    return MarkovDrafts(torch.stack(drafts, dim=1), torch.stack(embeds, dim=1), probs)
+
+
+def draft_probs_buffer(
+    max_num_requests: int, num_drafts: int, vocab_size: int, device: torch.device
+) -> torch.Tensor:
+    """The ``[max_num_seqs, k, V]`` float32 distributions of probabilistic drafts (rejection
+    sampling reads them): one buffer for every step, allocated (and written) before vLLM's memory
+    profile so that the profile counts it."""
+    return torch.zeros(max_num_requests, num_drafts, vocab_size, dtype=torch.float32, device=device)
+
+
+def draft_probs_view(
+    probs_out: torch.Tensor | None,
+    num_requests: int,
+    num_positions: int,
+    position_probs: torch.Tensor,
+) -> torch.Tensor:
+    """``[B, n, V]`` float32 target of the chain's distributions."""
+    if probs_out is None:
+        return position_probs.new_empty(num_requests, num_positions, position_probs.shape[-1])
+    return probs_out[:num_requests, :num_positions]
 
 
 def position_sampler(

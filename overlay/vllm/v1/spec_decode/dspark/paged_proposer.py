@@ -46,7 +46,7 @@ from vllm.v1.spec_decode.dspark.block import (
     trained_block_size,
 )
 from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
-from vllm.v1.spec_decode.dspark.markov import markov_chain, position_sampler
+from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer, markov_chain, position_sampler
 from vllm.v1.spec_decode.dspark.options import PAGED_PROPOSER_UNSUPPORTED, DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 
@@ -115,6 +115,13 @@ class DSparkPagedProposer(DFlashProposer):
             + torch.arange(self.num_block_drafts, device=device)[None]
         ).to(torch.int32)
         self._draft_token_lengths: torch.Tensor | None = None
+        self._draft_probs = (
+            draft_probs_buffer(
+                self.max_batch_size, k, vllm_config.model_config.get_vocab_size(), device
+            )
+            if self.options.probabilistic
+            else None
+        )
         if block_size and k < block_size:
             logger.info(
                 "DSpark draft trained with block size %d: drafting the full block, "
@@ -231,6 +238,7 @@ class DSparkPagedProposer(DFlashProposer):
             ),
             topk=self.options.draft_topk,
             markov_bias_gathered=self.model.apply_markov_bias_gathered,
+            probs_out=self._draft_probs,
         )
         if self.options.scheduling.needs_confidence:
             confidence = self.model.compute_confidence(

@@ -25,6 +25,7 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
         self.window = self.config.sliding_window
         self.ring_entry_shape = (self.config.num_stages, self.config.head_dim)
         self.hidden_size = self.config.hidden_size
+        self.feature_size = self.config.feature_size
         # Virtual layer ids past the target's, as upstream numbers its draft layers: they lie
         # beyond num_hash_layers, so the MoE routes with noaux_tc.
         first_id = max(self.config.num_hidden_layers, self.config.dspark_target_layer_ids[-1] + 1)

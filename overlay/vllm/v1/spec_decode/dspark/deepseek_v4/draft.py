@@ -10,6 +10,7 @@ from vllm.config import VllmConfig
 from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
 
 from .backbone import DeepSeekV4DSparkBackbone
+from .layers import refuse_sequence_parallel
 from .loader import load_draft_weights
 
 
@@ -26,6 +27,7 @@ def build_deepseek_v4_draft_model(
     """Validates the config and builds the draft (inside ``set_current_vllm_config``, on the
     target device, with vLLM's tensor-parallel group initialised). The V4 confidence head reads
     ``[dense ; W1[prev]]`` (``H + r`` inputs) and has no bias."""
+    refuse_sequence_parallel(vllm_config)
     backbone = DeepSeekV4DSparkBackbone(vllm_config, prefix=prefix)
     config = backbone.config
     heads_config = types.SimpleNamespace(

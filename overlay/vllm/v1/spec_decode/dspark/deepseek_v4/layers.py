@@ -11,6 +11,7 @@ Parameter names follow the checkpoint's ``mtp.{s}.*`` names with vLLM's renames 
 is a name map plus each parameter's own ``weight_loader``.
 """
 
+import inspect
 import sys
 
 import torch
@@ -29,6 +30,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.mhc import HCHeadOp, MHCPostOp, MHCPreOp
 from vllm.models.deepseek_v4 import DeepseekV4ForCausalLM
 from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
+from vllm.platforms import current_platform
 
 # mHC post-mix multiplier of every DeepSeek-V4 layer (``hc_post_alpha``).
 HC_POST_ALPHA = 2.0
@@ -39,8 +41,115 @@ def platform_moe_class() -> type[nn.Module]:
     return sys.modules[DeepseekV4ForCausalLM.__module__].DeepseekV4MoE
 
 
+def num_hash_layers(config: PretrainedConfig) -> int:
+    """Leading hash-routed MoE layers of the target, as vLLM's NVIDIA model counts them
+    (0.33.0: ``mlp_layer_types``; 0.32.0: ``num_hash_layers``)."""
+    layer_types = getattr(config, "mlp_layer_types", None)
+    if layer_types is not None:
+        return list(layer_types).count("hash_moe")
+    return getattr(config, "num_hash_layers", 0) or 0
+
+
+def moe_kwargs(signature: inspect.Signature, config: PretrainedConfig) -> dict[str, object]:
+    """The platform-specific arguments of a ``DeepseekV4MoE`` constructor with ``signature``.
+
+    NVIDIA's takes a required keyword ``num_hash_layers`` (the draft's virtual layer ids lie past
+    it, so it routes with ``noaux_tc``) and ``use_sequence_parallel``: the draft's block is not
+    token-sharded, so False (``refuse_sequence_parallel`` stops the configurations that would
+    need it). The AMD, XPU and CPU classes take ``(vllm_config, prefix)`` with defaults only.
+    """
+    kwargs: dict[str, object] = {}
+    if "num_hash_layers" in signature.parameters:
+        kwargs["num_hash_layers"] = num_hash_layers(config)
+    if "use_sequence_parallel" in signature.parameters:
+        kwargs["use_sequence_parallel"] = False
+    return kwargs
+
+
+def refuse_sequence_parallel(vllm_config: VllmConfig) -> None:
+    """vLLM's NVIDIA DeepSeek-V4 shards the MoE's tokens across the TP group with expert parallel
+    at TP > 1 and DP > 1 or a MegaMoE backend; the draft's stages do not shard their block."""
+    use_sequence_parallel = getattr(
+        sys.modules[DeepseekV4ForCausalLM.__module__], "_use_sequence_parallel", None
+    )
+    if use_sequence_parallel is not None and use_sequence_parallel(vllm_config):
+        raise ValueError(
+            "DeepSeek-V4 DSpark drafts do not run a sequence-parallel MoE, which this target "
+            "uses (enable_expert_parallel with tensor_parallel_size > 1 and data_parallel_size "
+            "> 1 or a MegaMoE moe_backend): drop enable_expert_parallel or the MegaMoE backend."
+        )
+
+
+def build_platform_moe(vllm_config: VllmConfig, prefix: str) -> nn.Module:
+    """The running platform's ``DeepseekV4MoE``, called with the arguments it takes."""
+    moe_class = platform_moe_class()
+    config = vllm_config.model_config.hf_config
+    return moe_class(vllm_config, prefix=prefix, **moe_kwargs(inspect.signature(moe_class), config))
+
+
 def _fp32_parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=torch.float32), requires_grad=False)
+
+
+def mhc_warmup_registrations(
+    vllm_config: VllmConfig, config: PretrainedConfig, include_pre_gemm_splits: bool
+) -> list[tuple[str, tuple[object, ...], dict[str, object]]]:
+    """``(kernel, args, kwargs)`` for ``register_warmup`` of every TileLang mHC kernel variant a
+    draft stage calls (``kernel`` names an object of ``kernels/mhc/tilelang_kernels.py``).
+
+    The target's layers warm the pre kernel with a fused norm weight only; the draft's
+    ``MHCPreOp`` call has none (its norms are separate ``RMSNorm``), a variant that would
+    otherwise JIT-compile at its first call, mid-profile or mid-serve.
+    """
+    hidden, n = config.hidden_size, config.hc_mult
+    registrations: list[tuple[str, tuple[object, ...], dict[str, object]]] = [
+        (
+            "_MHC_PRE_BIG_FUSE_TILELANG_KERNEL",
+            (vllm_config,),
+            dict(
+                hidden_size=hidden,
+                hc_mult=n,
+                use_norm_weight=False,
+                include_pre_gemm_splits=include_pre_gemm_splits,
+                include_broadcast_splits=False,
+                rms_eps=config.rms_norm_eps,
+                hc_pre_eps=config.hc_eps,
+                hc_sinkhorn_eps=config.hc_eps,
+                hc_post_mult_value=HC_POST_ALPHA,
+                sinkhorn_repeat=config.hc_sinkhorn_iters,
+                norm_eps=0.0,
+            ),
+        ),
+        ("_MHC_POST_TILELANG_KERNEL", (), dict(hidden_size=hidden, hc_mult=n)),
+        (
+            "_HC_HEAD_FUSED_TILELANG_KERNEL",
+            (),
+            dict(hidden_size=hidden, hc_mult=n, rms_eps=config.rms_norm_eps, hc_eps=config.hc_eps),
+        ),
+    ]
+    if not include_pre_gemm_splits:
+        registrations.append(
+            (
+                "_HC_PRENORM_GEMM_TILELANG_KERNEL",
+                (vllm_config,),
+                dict(hidden_size=hidden, hc_mult=n, n_out=n * (2 + n)),
+            )
+        )
+    return registrations
+
+
+def register_mhc_warmup(vllm_config: VllmConfig, config: PretrainedConfig) -> None:
+    """On CUDA (mHC is TileLang only there), queue the draft's mHC variants in the runner's JIT
+    warm-up, as vLLM's DeepSeek-V4 layers do for theirs. Needs the runner's registry active."""
+    if not (vllm_config.kernel_config.enable_jit_warmup and current_platform.is_cuda()):
+        return
+    from vllm.model_executor.kernels.mhc import tilelang_kernels
+    from vllm.utils.deep_gemm import is_deep_gemm_supported
+
+    for name, args, kwargs in mhc_warmup_registrations(
+        vllm_config, config, is_deep_gemm_supported()
+    ):
+        getattr(tilelang_kernels, name).register_warmup(*args, **kwargs)
 
 
 class RingAttention(nn.Module):
@@ -144,7 +253,9 @@ class RingAttention(nn.Module):
         out = torch.einsum("bhqk,bkd->bqhd", weights, keys.float()).to(q.dtype)
         out = self.rope(out.flatten(0, 1), flat_positions, inverse=True)
 
-        grouped = out.flatten(1).chunk(self.num_groups, dim=-1)
+        # Group-major and contiguous per group: quantised linears take contiguous rows (the FP8
+        # activation quantisation of a strided column chunk leaves its CUDA kernel).
+        grouped = out.reshape(out.shape[0], self.num_groups, -1).transpose(0, 1).contiguous()
         low_rank = torch.cat([wo_a(x) for wo_a, x in zip(self.wo_a, grouped, strict=True)], -1)
         return self.wo_b(low_rank).view(batch, block, -1)
 
@@ -171,9 +282,10 @@ class DSparkStage(nn.Module):
         self.attn_norm = RMSNorm(hidden, eps)
         self.ffn_norm = RMSNorm(hidden, eps)
         self.attn = RingAttention(vllm_config, config, prefix=f"{prefix}.attn")
-        self.ffn = platform_moe_class()(vllm_config, prefix=f"{prefix}.ffn")
+        self.ffn = build_platform_moe(vllm_config, prefix=f"{prefix}.ffn")
         self.mhc_pre = MHCPreOp()
         self.mhc_post = MHCPostOp()
+        register_mhc_warmup(vllm_config, config)
         if index == 0:
             self.main_proj = ReplicatedLinear(
                 num_stages * hidden,

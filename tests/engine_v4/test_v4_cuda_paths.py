@@ -1,0 +1,579 @@
+"""What a CUDA host runs of the DeepSeek-V4 draft that the CPU engine does not, checked on CPU.
+
+- Signatures: the draft's calls into vLLM's platform-specific code (each platform's
+  ``DeepseekV4MoE``, the mHC custom ops, the rotary) bind against the signatures written in the
+  installed vLLM's and the 0.33.0 sources, parsed with ``ast`` (CUDA-only modules are never
+  imported).
+- Kernel inputs and warm-up: every quantised linear of the draft step gets contiguous rows, and
+  every TileLang mHC variant the draft step calls is queued for the runner's JIT warm-up.
+- Host buffers: under async scheduling the next step's host code runs before a queued H2D copy
+  has executed. A stand-in that lets each copy read its host source one step late (CPU copies are
+  synchronous) reads the slots the step meant only if no host source is reused.
+"""
+
+import ast
+import inspect
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import vllm
+from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
+from tests.engine_v4.v4_harness import dspark, run_v4
+
+pytestmark = pytest.mark.engine
+
+INSTALLED = Path(vllm.__file__).parent
+VLLM_TREES = {
+    "installed": INSTALLED,
+    "0.33.0": Path(__file__).parents[2] / ".cache" / "vllm-0.33.0" / "vllm",
+}
+PLATFORMS = ("nvidia", "amd", "xpu", "cpu")
+MHC_OPS = ("MHCPreOp", "MHCPostOp", "HCHeadOp")
+MHC_FORWARDS = ("forward_cuda", "forward_hip", "forward_xpu", "forward_cpu")
+
+
+def trees() -> list[str]:
+    return [name for name, root in VLLM_TREES.items() if root.is_dir()]
+
+
+def parsed_signature(source: Path, class_name: str | None, name: str) -> inspect.Signature:
+    """``class_name.name``'s signature as written in ``source``, without ``self``; with
+    ``class_name`` None, the module-level function ``name``'s."""
+    body = ast.parse(source.read_text()).body
+    if class_name is not None:
+        (cls,) = [n for n in body if isinstance(n, ast.ClassDef) and n.name == class_name]
+        body = cls.body
+    (func,) = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
+    args, kind = func.args, inspect.Parameter
+    positional = [*args.posonlyargs, *args.args][0 if class_name is None else 1 :]
+    defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
+    parameters = [
+        kind(a.arg, kind.POSITIONAL_OR_KEYWORD, default=written_default(d))
+        for a, d in zip(positional, defaults, strict=True)
+    ]
+    if args.vararg:
+        parameters.append(kind(args.vararg.arg, kind.VAR_POSITIONAL))
+    parameters += [
+        kind(a.arg, kind.KEYWORD_ONLY, default=written_default(d))
+        for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True)
+    ]
+    if args.kwarg:
+        parameters.append(kind(args.kwarg.arg, kind.VAR_KEYWORD))
+    return inspect.Signature(parameters)
+
+
+def written_default(node: ast.expr | None) -> object:
+    """A parameter's default as written: the literal, ``...`` for an expression, or none."""
+    if node is None:
+        return inspect.Parameter.empty
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ...
+
+
+# --- Construction: each platform's DeepseekV4MoE -----------------------------------------------
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+@pytest.mark.parametrize("tree", trees())
+def test_draft_builds_each_platforms_moe_with_the_arguments_it_takes(
+    tiny_v4_models, monkeypatch, tree, platform
+):
+    """The draft's MoE construction binds against ``DeepseekV4MoE.__init__`` of
+    ``models/deepseek_v4/<platform>/model.py``: NVIDIA's needs a keyword-only ``num_hash_layers``
+    (a call with ``(vllm_config, prefix)`` only raises on every CUDA host)."""
+    from vllm.v1.spec_decode.dspark.deepseek_v4 import layers
+
+    source = VLLM_TREES[tree] / "models" / "deepseek_v4" / platform / "model.py"
+    signature = parsed_signature(source, "DeepseekV4MoE", "__init__")
+    bound: list[inspect.BoundArguments] = []
+
+    class PlatformMoE(nn.Module):
+        __signature__ = signature
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__()
+            bound.append(signature.bind(*args, **kwargs))
+
+    monkeypatch.setattr(layers, "platform_moe_class", lambda: PlatformMoE)
+    config = v4_vllm_config(tiny_v4_models.oracle)
+    draft = build_draft(config, device="cpu")
+
+    num_stages = len(draft.backbone.stages)
+    assert len(bound) == num_stages
+    for arguments in bound:
+        assert arguments.arguments["vllm_config"] is config
+        assert arguments.arguments["prefix"].startswith("dspark.layers.")
+        if "num_hash_layers" in signature.parameters:
+            # The draft's virtual layer ids lie past the hash layers: noaux_tc routing.
+            layer = int(arguments.arguments["prefix"].split(".")[2])
+            assert arguments.arguments["num_hash_layers"] <= layer
+        if "use_sequence_parallel" in arguments.arguments:
+            assert arguments.arguments["use_sequence_parallel"] is False
+
+
+# Constructors the draft's layers call, by the module that defines them.
+CONSTRUCTORS = {
+    "ReplicatedLinear": "model_executor/layers/linear.py",
+    "ColumnParallelLinear": "model_executor/layers/linear.py",
+    "MergedColumnParallelLinear": "model_executor/layers/linear.py",
+    "RowParallelLinear": "model_executor/layers/linear.py",
+    "RMSNorm": "model_executor/layers/layernorm.py",
+}
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_draft_layer_construction_binds_each_vllm_tree(tiny_v4_models, monkeypatch, tree):
+    """The quantised linears, norms and the rotary the draft builds are called as their
+    constructors are written in each vLLM tree (0.33.0's is never imported here)."""
+    from vllm.v1.spec_decode.dspark.deepseek_v4 import layers
+
+    calls: list[tuple[str, tuple, dict]] = []
+
+    def recording(name):
+        original = getattr(layers, name)
+
+        def construct(*args, **kwargs):
+            calls.append((name, args, kwargs))
+            return original(*args, **kwargs)
+
+        return construct
+
+    for name in [*CONSTRUCTORS, "build_deepseek_v4_rope"]:
+        monkeypatch.setattr(layers, name, recording(name))
+    build_draft(v4_vllm_config(tiny_v4_models.oracle), device="cpu")
+
+    assert {name for name, _, _ in calls} == {*CONSTRUCTORS, "build_deepseek_v4_rope"}
+    rope = VLLM_TREES[tree] / "models" / "deepseek_v4" / "common" / "rope.py"
+    for name, args, kwargs in calls:
+        if name == "build_deepseek_v4_rope":
+            signature = parsed_signature(rope, None, name)
+        else:
+            signature = parsed_signature(VLLM_TREES[tree] / CONSTRUCTORS[name], name, "__init__")
+        signature.bind(*args, **kwargs)
+
+
+# --- The draft step's calls into platform code, recorded in the CPU engine ---------------------
+
+
+class DraftStepCalls:
+    """Records, during ``BlockDrafter.step`` only, each mHC custom-op call, each rotary call and
+    each input a vLLM linear layer receives."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.model_executor.layers import mhc
+        from vllm.model_executor.layers.linear import LinearBase
+        from vllm.v1.spec_decode.dspark.deepseek_v4.layers import RingAttention
+        from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+
+        self.ops: list[tuple[str, tuple, dict]] = []
+        self.rope: list[tuple[type, tuple, dict]] = []
+        self.linear_inputs: list[tuple[str, bool]] = []
+        self._active = False
+        for name in MHC_OPS:
+            self._record_op(monkeypatch, getattr(mhc, name), name)
+        step = BlockDrafter.step
+
+        def recorded_step(drafter, *args, **kwargs):
+            self._active = True
+            try:
+                return step(drafter, *args, **kwargs)
+            finally:
+                self._active = False
+
+        monkeypatch.setattr(BlockDrafter, "step", recorded_step)
+        rope = RingAttention.rope
+
+        def recorded_rope(attention, x, positions, inverse=False):
+            if self._active:
+                forward = attention.rotary_emb.forward_native
+                self.rope.append((type(attention.rotary_emb), (positions, x), {"inverse": inverse}))
+                return forward(positions, x, inverse=inverse)[0]
+            return rope(attention, x, positions, inverse)
+
+        monkeypatch.setattr(RingAttention, "rope", recorded_rope)
+
+        def record_linear(module, inputs):
+            if self._active and isinstance(module, LinearBase):
+                self.linear_inputs.append((module.prefix, inputs[0].is_contiguous()))
+
+        self._hook = nn.modules.module.register_module_forward_pre_hook(record_linear)
+
+    def _record_op(self, monkeypatch, op_class, name: str) -> None:
+        forward = op_class.forward
+
+        def recorded(op, *args, **kwargs):
+            if self._active:
+                self.ops.append((name, args, kwargs))
+            return forward(op, *args, **kwargs)
+
+        monkeypatch.setattr(op_class, "forward", recorded)
+
+    def close(self) -> None:
+        self._hook.remove()
+
+
+@pytest.fixture(scope="module")
+def draft_step_calls(tiny_v4_models):
+    """One short oracle run of the V4 draft in the real CPU engine, calls recorded."""
+    monkeypatch = pytest.MonkeyPatch()
+    calls = DraftStepCalls(monkeypatch)
+    try:
+        prompts = [cycle_prompt(10, 40), cycle_prompt(10 + PERIOD, 45)]
+        run = run_v4(tiny_v4_models.oracle, prompts, [8, 8], dspark(4), max_num_seqs=2)
+    finally:
+        calls.close()
+        monkeypatch.undo()
+    assert run.metrics["vllm:spec_decode_num_drafts"] > 0
+    return calls
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_draft_mhc_calls_bind_every_platform_forward(draft_step_calls, tree):
+    """Each mHC op call of the draft step binds against that op's CUDA, ROCm, XPU and CPU
+    forward as written in ``model_executor/layers/mhc.py``."""
+    source = VLLM_TREES[tree] / "model_executor" / "layers" / "mhc.py"
+    called = {name for name, _, _ in draft_step_calls.ops}
+    assert called == set(MHC_OPS)
+    for name, args, kwargs in draft_step_calls.ops:
+        for forward in MHC_FORWARDS:
+            parsed_signature(source, name, forward).bind(*args, **kwargs)
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_draft_rotary_calls_bind_the_rotary_forward(draft_step_calls, tree):
+    """The draft calls the rotary's ``forward_native`` directly (the same code on every
+    platform): the call binds against the class's source in each vLLM tree."""
+    assert draft_step_calls.rope
+    for rope_class, args, kwargs in draft_step_calls.rope:
+        relative = Path(inspect.getsourcefile(rope_class)).relative_to(INSTALLED)
+        owner = next(c for c in rope_class.__mro__ if "forward_native" in vars(c))
+        source = VLLM_TREES[tree] / relative
+        if owner is not rope_class:
+            source = VLLM_TREES[tree] / Path(inspect.getsourcefile(owner)).relative_to(INSTALLED)
+        parsed_signature(source, owner.__name__, "forward_native").bind(*args, **kwargs)
+
+
+def test_every_linear_of_the_draft_step_gets_contiguous_rows(draft_step_calls):
+    """Quantised linears take contiguous activations: the FP8 block-quantisation of a strided
+    input leaves its CUDA kernel for Triton or fails on strides (``fp8_utils.py``)."""
+    seen = {prefix for prefix, _ in draft_step_calls.linear_inputs}
+    assert any(".wo_a." in prefix for prefix in seen), seen
+    strided = {prefix for prefix, contiguous in draft_step_calls.linear_inputs if not contiguous}
+    assert sorted(strided) == []
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_every_mhc_variant_the_draft_calls_is_queued_for_warm_up(
+    tiny_v4_models, draft_step_calls, tree
+):
+    """On CUDA mHC is TileLang, compiled per variant; the runner compiles what was registered
+    before serving. The draft's registrations bind against each kernel's ``get_warmup_keys`` in
+    ``kernels/mhc/tilelang_kernels.py`` and name the variant of every recorded call: the pre
+    kernel with or without a fused norm weight and the same eps values, the post kernel and the
+    head for the same widths."""
+    from vllm.v1.spec_decode.dspark.deepseek_v4.layers import mhc_warmup_registrations
+
+    source = VLLM_TREES[tree] / "model_executor" / "kernels" / "mhc" / "tilelang_kernels.py"
+    kernel_classes = {
+        node.targets[0].id: node.value.func.id
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id.endswith("_TILELANG_KERNEL")
+    }
+    config = v4_vllm_config(tiny_v4_models.oracle)
+    hf_config = config.model_config.hf_config
+    for include_pre_gemm_splits in (True, False):
+        registrations = mhc_warmup_registrations(config, hf_config, include_pre_gemm_splits)
+        by_kernel = {}
+        for name, args, kwargs in registrations:
+            signature = parsed_signature(source, kernel_classes[name], "get_warmup_keys")
+            by_kernel[name] = signature.bind(*args, **kwargs).arguments
+
+        for op, args, kwargs in draft_step_calls.ops:
+            cuda = parsed_signature(
+                VLLM_TREES[tree] / "model_executor" / "layers" / "mhc.py", op, "forward_cuda"
+            ).bind(*args, **kwargs)
+            cuda.apply_defaults()
+            call = cuda.arguments
+            if op == "MHCPreOp":
+                warm = by_kernel["_MHC_PRE_BIG_FUSE_TILELANG_KERNEL"]
+                assert warm["use_norm_weight"] == (call["norm_weight"] is not None)
+                for field in (
+                    "rms_eps",
+                    "hc_pre_eps",
+                    "hc_sinkhorn_eps",
+                    "hc_post_mult_value",
+                    "sinkhorn_repeat",
+                ):
+                    assert warm[field] == call[field], field
+                assert tuple(call["residual"].shape[-2:]) == (warm["hc_mult"], warm["hidden_size"])
+            elif op == "MHCPostOp":
+                warm = by_kernel["_MHC_POST_TILELANG_KERNEL"]
+                assert tuple(call["residual"].shape[-2:]) == (warm["hc_mult"], warm["hidden_size"])
+            else:
+                warm = by_kernel["_HC_HEAD_FUSED_TILELANG_KERNEL"]
+                assert (warm["rms_eps"], warm["hc_eps"]) == (
+                    call["rms_norm_eps"],
+                    call["hc_eps"],
+                )
+                assert tuple(call["hidden_states"].shape[-2:]) == (
+                    warm["hc_mult"],
+                    warm["hidden_size"],
+                )
+
+
+# --- Host buffers under a queued copy ---------------------------------------------------------
+
+
+class LateCopies(TorchFunctionMode):
+    """Non-blocking host-to-device copies issued by ``propose`` read their host source only when
+    the next ``propose`` has returned (a device one step behind the host); counts the copies whose
+    source by then no longer holds what it held when the copy was issued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.checked = 0
+        self.wrong = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if kwargs.get("non_blocking"):
+            source = args[1] if func is torch.Tensor.copy_ else args[0]
+            if func in (torch.Tensor.copy_, torch.Tensor.to) and source.device.type == "cpu":
+                self.pending.append((source, source.clone()))
+        return func(*args, **kwargs)
+
+    def step_done(self, issued: int) -> None:
+        """Run the copies issued before the step that just ended."""
+        for source, meant in self.pending[:issued]:
+            self.checked += 1
+            self.wrong += int(not torch.equal(source, meant))
+        del self.pending[:issued]
+
+
+def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch) -> LateCopies:
+    from vllm.v1.spec_decode.dspark.ring_proposer import DSparkRingProposer
+
+    copies = LateCopies()
+    propose = DSparkRingProposer.propose
+
+    def propose_with_late_copies(proposer, *args, **kwargs):
+        earlier = len(copies.pending)
+        with copies:
+            drafts = propose(proposer, *args, **kwargs)
+        copies.step_done(earlier)
+        return drafts
+
+    monkeypatch.setattr(DSparkRingProposer, "propose", propose_with_late_copies)
+    # Five requests through two slots: requests finish at different steps, new ones take their
+    # rows and slots, so the slot list changes between steps.
+    prompts = [cycle_prompt(10 + PERIOD * i, 40 + 5 * i) for i in range(5)]
+    run_v4(target, prompts, [6, 14, 9, 12, 7], dspark(4), max_num_seqs=2)
+    return copies
+
+
+def test_slot_uploads_read_the_slots_their_step_meant_when_the_copy_runs_late(
+    tiny_v4_models, monkeypatch
+):
+    """Each step's slot ids go up from a fresh pinned tensor: a copy that runs after the next
+    step's host code still reads its own step's slots."""
+    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
+    assert copies.checked >= 10
+    assert copies.wrong == 0
+
+
+def test_late_copies_catch_a_reused_host_buffer(tiny_v4_models, monkeypatch):
+    """Control: with one reused host buffer (``CpuGpuBuffer.copy_to_gpu``, as the proposer had
+    it), late copies read another step's slots whenever the batch changed."""
+    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.utils import CpuGpuBuffer
+
+    reused = CpuGpuBuffer(64, dtype=torch.int64, device=torch.device("cpu"), with_numpy=True)
+
+    def upload_through_reused_buffer(slots, device):
+        reused.np[: len(slots)] = slots
+        return reused.copy_to_gpu(len(slots))
+
+    monkeypatch.setattr(ring_proposer, "upload_slots", upload_through_reused_buffer)
+    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
+    assert copies.checked >= 10
+    assert copies.wrong >= 1
+
+
+# --- The draft step in CUDA graphs -------------------------------------------------------------
+
+
+def graph_config(enforce_eager, mode, sizes=(1, 2, 4, 8, 16)):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        speculative_config=SimpleNamespace(enforce_eager=enforce_eager),
+        compilation_config=SimpleNamespace(
+            cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes)
+        ),
+    )
+
+
+def test_enforce_eager_on_the_draft_config_is_honoured_both_ways():
+    """Graphs for the runner's capture sizes up to max_num_seqs unless the draft config says
+    ``enforce_eager: true`` or the target captures none; never off CUDA."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.spec_decode.dspark.ring_proposer import draft_graph_sizes
+
+    full = CUDAGraphMode.FULL_AND_PIECEWISE
+    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=True) == [1, 2, 4]
+    assert draft_graph_sizes(graph_config(None, full), 16, on_cuda=True) == [1, 2, 4, 8, 16]
+    assert draft_graph_sizes(graph_config(True, full), 6, on_cuda=True) == []
+    assert draft_graph_sizes(graph_config(False, CUDAGraphMode.NONE), 6, on_cuda=True) == []
+    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=False) == []
+
+
+class PassThroughGraph:
+    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: the first call for a batch descriptor
+    "captures" (holds an entry, as the wrapper does), later ones replay by running the function;
+    records the forward context's mode and batch size."""
+
+    replays: ClassVar[list[tuple[object, int]]] = []
+
+    def __init__(self, runnable, vllm_config, runtime_mode) -> None:
+        self.runnable, self.runtime_mode = runnable, runtime_mode
+        self.concrete_cudagraph_entries: dict = {}
+
+    def __call__(self, size: int):
+        from types import SimpleNamespace
+
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        assert context.batch_descriptor.num_tokens == size
+        self.replays.append((context.cudagraph_runtime_mode, size))
+        self.concrete_cudagraph_entries.setdefault(
+            context.batch_descriptor, SimpleNamespace(cudagraph=object())
+        )
+        return self.runnable(size)
+
+
+def logged_drafts(path: Path) -> dict[str, dict[int, tuple]]:
+    from dspark_demo.engine import read_draft_log
+
+    return {
+        request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
+        for request, records in read_draft_log(path).items()
+    }
+
+
+def test_graph_path_drafts_exactly_what_the_eager_path_drafts(
+    tiny_v4_models, monkeypatch, tmp_path
+):
+    """The graph path (fixed buffers, batches padded to a captured size with the scratch slot,
+    outputs sliced and copied) on CPU with the graph replaced by its function: at every step
+    every request drafts what the eager path drafts, and the output is the same. Three requests
+    (max_num_seqs 4) through sizes [1, 2, 4] replay size 4 with one padding row, then 2 and 1 as
+    they finish."""
+    from vllm.config.compilation import CUDAGraphMode
+    from vllm.v1.spec_decode.dspark import ring_proposer
+
+    prompts = [cycle_prompt(10 + PERIOD * i, 40 + 7 * i) for i in range(3)]
+    max_tokens = [12, 20, 28]
+    eager_log, graph_log = tmp_path / "eager.jsonl", tmp_path / "graph.jsonl"
+    eager = run_v4(
+        tiny_v4_models.noisy,
+        prompts,
+        max_tokens,
+        dspark(4, dspark_draft_log=str(eager_log)),
+        max_num_seqs=4,
+    )
+
+    load_model = ring_proposer.DSparkRingProposer.load_model
+
+    def load_and_capture(proposer, target_model):
+        load_model(proposer, target_model)
+        graphs = proposer.draft_graphs
+        # As vLLM's memory profile does: capture, then clear every wrapper's graphs; a cleared
+        # size drafts eagerly until the runner's capture pass captures it again.
+        for size in graphs.sizes:
+            graphs.capture(size)
+        graphs._graph.concrete_cudagraph_entries.clear()
+        assert graphs.padded_size(1) is None
+        for size in graphs.sizes:
+            graphs.capture(size)
+
+    replayed: list[tuple[int, int]] = []
+    draft = ring_proposer.DraftGraphs.draft
+
+    def recorded_draft(graphs, slots, anchors, anchor_tokens, size):
+        replayed.append((slots.shape[0], size))
+        return draft(graphs, slots, anchors, anchor_tokens, size)
+
+    PassThroughGraph.replays = []
+    monkeypatch.setattr(ring_proposer, "CUDAGraphWrapper", PassThroughGraph)
+    monkeypatch.setattr(ring_proposer, "draft_graph_sizes", lambda *args: [1, 2, 4])
+    monkeypatch.setattr(ring_proposer.DSparkRingProposer, "load_model", load_and_capture)
+    monkeypatch.setattr(ring_proposer.DraftGraphs, "draft", recorded_draft)
+    graph = run_v4(
+        tiny_v4_models.noisy,
+        prompts,
+        max_tokens,
+        dspark(4, dspark_draft_log=str(graph_log)),
+        max_num_seqs=4,
+    )
+
+    assert graph.token_ids == eager.token_ids
+    assert logged_drafts(graph_log) == logged_drafts(eager_log)
+    assert {(3, 4), (2, 2), (1, 1)} <= set(replayed)
+    assert {mode for mode, _ in PassThroughGraph.replays} == {CUDAGraphMode.FULL}
+    assert (
+        0
+        < graph.metrics["vllm:spec_decode_num_accepted_tokens"]
+        < graph.metrics["vllm:spec_decode_num_draft_tokens"]
+    )
+
+
+# --- Memory: what vLLM's profile run sees -----------------------------------------------------
+
+
+def test_profile_run_writes_the_context_and_fills_the_one_probs_buffer(tiny_v4_models, monkeypatch):
+    """The proposer's dummy_run (vLLM's memory profile calls it with max_num_batched_tokens)
+    projects and writes that many target rows into the ring and writes every request's
+    distributions into the single preallocated ``[max_num_seqs, k, V]`` buffer of probabilistic
+    drafts; EAGLE's per-token buffers, which the ring draft never reads, hold nothing."""
+    from dspark_demo.engine import TinyEngine
+    from tests.engine_v4.v4_harness import V4_ENGINE_ARGS
+    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
+
+    written_rows: list[int] = []
+    write_context = BlockDrafter.write_context
+
+    def recorded_write(drafter, request_slots, target_features, *args):
+        written_rows.append(target_features.shape[0])
+        return write_context(drafter, request_slots, target_features, *args)
+
+    monkeypatch.setattr(BlockDrafter, "write_context", recorded_write)
+    spec = dspark(4, draft_sample_method="probabilistic")
+    with TinyEngine(tiny_v4_models.oracle, spec, **{**V4_ENGINE_ARGS, "max_num_seqs": 3}) as engine:
+        runner = engine.model_runner
+        proposer = runner.drafter
+        probs = proposer._drafter.draft_probs
+        vocab = runner.vllm_config.model_config.get_vocab_size()
+        assert probs.shape == (3, 4, vocab) and probs.dtype == torch.float32
+        for name in ring_proposer._UNUSED_BASE_BUFFERS:
+            assert getattr(proposer, name).numel() == 0, name
+
+        probs.zero_()
+        written_rows.clear()
+        max_tokens = runner.vllm_config.scheduler_config.max_num_batched_tokens
+        proposer.dummy_run(max_tokens)
+        assert written_rows == [max_tokens]
+        torch.testing.assert_close(probs.sum(-1), torch.ones(3, 4))
