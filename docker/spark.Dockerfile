@@ -94,6 +94,16 @@ ENV TORCH_CUDA_ARCH_LIST="12.1a" \
     FLASHINFER_CUDA_ARCH_LIST="12.1a" \
     CUTE_DSL_ARCH="sm_121a"
 
+# Prove the GPU code before the image is tagged: the JIT arch lists above cover every target,
+# and torch, vLLM's _C/_moe_C and FlashInfer carry machine code or PTX for each (else the build
+# fails naming the binary). ARCH_LISTING_JSON stands in for the binaries' listing; only the CPU
+# stand-in test sets it (its base has no CUDA binaries). docs/docker.md.
+ARG GPU_TARGETS="sm_121"
+ARG ARCH_LISTING_JSON=""
+COPY tools/gpu_selftest.py tools/
+RUN python3 docker/verify_install.py --architectures "${GPU_TARGETS}" \
+        --listing-json "${ARCH_LISTING_JSON}"
+
 # Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.
 # Declared last: a new revision must not invalidate the install layer above.
 ARG DSPARK_REVISION
