@@ -769,6 +769,10 @@ def check_rms_norm(args: argparse.Namespace) -> Outcome:
         return torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
 
     per_layer, row_zero = loop(lambda layer: layer), loop(lambda layer: 0)
+    normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
+    reference = normed * weight.float().view(layers, 1, 1, head_dim)
+    if not close(per_layer, reference):
+        return Outcome(FAILED, f"{device.type}: rms_norm differs from RMSNorm even per layer")
     if close(stacked, per_layer):
         fact = f"{device.type}: stacked weight indexed by row"
     elif close(stacked, row_zero):

@@ -91,6 +91,27 @@ def test_the_ring_check_fails_when_the_ring_writes_rejected_rows(selftest, monke
     assert outcome.status == "failed" and "differs from the plain-loop reference" in outcome.detail
 
 
+def test_the_rms_norm_fact_follows_the_kernel(selftest, monkeypatch):
+    """A kernel that indexes the stacked weight by row is reported as such; one that matches
+    neither a per-layer loop nor row 0 fails the check."""
+    import torch
+
+    from vllm import _custom_ops as ops
+
+    def per_row(out, x, weight, eps):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        normed = x.float() * torch.rsqrt(variance + eps)
+        if weight.dim() == 2:  # [L, head_dim] against [L, ..., head_dim]: row l for layer l
+            weight = weight.view(weight.shape[0], *[1] * (x.dim() - 2), weight.shape[1])
+        out.copy_((normed * weight.float()).to(out.dtype))
+
+    args = argparse.Namespace(arch=None, max_num_seqs=6)
+    monkeypatch.setattr(ops, "rms_norm", per_row)
+    assert selftest.check_rms_norm(args).facts["contract"] == ("cpu: stacked weight indexed by row")
+    monkeypatch.setattr(ops, "rms_norm", lambda out, x, weight, eps: out.copy_(x))
+    assert selftest.check_rms_norm(args).status == "failed"
+
+
 def test_any_failed_check_makes_the_exit_status_nonzero(selftest, monkeypatch, capsys):
     def broken(args):
         return selftest.Outcome(selftest.FAILED, "broken on purpose")
