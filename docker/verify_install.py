@@ -17,6 +17,7 @@ no CUDA binaries, passes a fake one (tests/docker).
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -97,10 +98,20 @@ def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
             raise VerifyError(f"{name} was imported from {origin}, outside {vllm_dir}")
 
 
+def load_selftest():
+    """tools/gpu_selftest.py by path (copied into the image after the install step), so no
+    other `tools` package on sys.path can shadow it."""
+    path = PROJECT / "tools" / "gpu_selftest.py"
+    spec = importlib.util.spec_from_file_location("gpu_selftest", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def check_architectures(targets_text: str, listing_json: str) -> str:
     """Refuse an image whose arch lists or binaries have no code for a target architecture."""
-    from tools import gpu_selftest  # copied into the image after the install step
-
+    gpu_selftest = load_selftest()
     targets = []
     for token in targets_text.split():
         parsed = gpu_selftest.parse_arch(token)
