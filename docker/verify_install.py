@@ -127,7 +127,9 @@ def check_architectures(targets_text: str, listing_json: str) -> str:
         raise VerifyError(f"--listing-json is not JSON: {error}") from None
     verdicts = {}
     for target in targets:
-        verdicts[target], missing = gpu_selftest.architecture_problems(listing, target)
+        verdicts[target], missing = gpu_selftest.architecture_problems(
+            listing, target, require_vllm=True
+        )
         arch = gpu_selftest.format_arch(target)
         problems += [f"{name} carries no machine code or PTX for {arch}" for name in missing]
     if problems:

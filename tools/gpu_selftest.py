@@ -151,18 +151,19 @@ def find_cuobjdump() -> str | None:
     return None
 
 
-def package_binaries() -> dict[str, list[Path]]:
-    """Shared objects of vLLM's extensions and FlashInfer (where installed), by package."""
+def package_binaries() -> dict[str, Path]:
+    """Shared objects of vLLM (its extensions, its FlashAttention build) and FlashInfer, where
+    installed, named `package/relative/path.so`."""
     import importlib.util
 
     binaries = {}
-    for package, patterns in (("vllm", ("*.so",)), ("flashinfer", ("**/*.so",))):
+    for package in ("vllm", "flashinfer"):
         spec = importlib.util.find_spec(package)
         if spec is None or spec.origin is None:
             continue
         root = Path(spec.origin).parent
-        files = sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()})
-        binaries[package] = files
+        for path in sorted(root.glob("**/*.so")):
+            binaries[f"{package}/{path.relative_to(root)}"] = path
     return binaries
 
 
@@ -184,11 +185,10 @@ def collect_listing() -> dict[str, dict[str, list[str]]]:
     cuobjdump = find_cuobjdump()
     if cuobjdump is None:
         return listing
-    for package, files in package_binaries().items():
-        for path in files:
-            sass, ptx = cuobjdump_listing(cuobjdump, path)
-            if sass or ptx:
-                listing[f"{package}/{path.name}"] = {"sass": sass, "ptx": ptx}
+    for name, path in package_binaries().items():
+        sass, ptx = cuobjdump_listing(cuobjdump, path)
+        if sass or ptx:
+            listing[name] = {"sass": sass, "ptx": ptx}
     return listing
 
 
@@ -198,17 +198,18 @@ def required_component(name: str) -> bool:
 
 
 def architecture_problems(
-    listing: dict[str, dict[str, list[str]]], device: tuple[int, int]
+    listing: dict[str, dict[str, list[str]]], device: tuple[int, int], require_vllm: bool
 ) -> tuple[dict[str, str], list[str]]:
     """Each binary's verdict on `device`, and what carries no code for it: torch, vLLM's
-    `_C`/`_moe_C` (required to be listed), FlashInfer as a whole. Other binaries (kernels
-    built for one architecture on purpose) are reported, not required."""
+    `_C`/`_moe_C`, FlashInfer as a whole; with `require_vllm` (the image build), vLLM's `_C`
+    must be in the listing at all. Other binaries (kernels built for one architecture on
+    purpose) are reported, not required."""
     verdicts = {
         name: arch_verdict(entry.get("sass", []), entry.get("ptx", []), device)
         for name, entry in listing.items()
     }
     missing = [n for n, v in verdicts.items() if v == "none" and required_component(n)]
-    if not any(name.startswith("vllm/_C.") for name in verdicts):
+    if require_vllm and not any(name.startswith("vllm/_C.") for name in verdicts):
         missing.append("vllm/_C (not listed: no cuobjdump, or no CUDA code in it)")
     flashinfer = [v for n, v in verdicts.items() if n.startswith("flashinfer/")]
     if flashinfer and all(v == "none" for v in flashinfer):
@@ -266,7 +267,7 @@ def check_architectures(args: argparse.Namespace) -> Outcome:
     else:
         device = torch.cuda.get_device_capability(0)
     listing = collect_listing()
-    verdicts, missing = architecture_problems(listing, device)
+    verdicts, missing = architecture_problems(listing, device, require_vllm=False)
     facts = {"device": format_arch(device), "verdicts": verdicts, "listing": listing}
     if find_cuobjdump() is None:
         facts["note"] = "cuobjdump not found: vLLM and FlashInfer binaries not listed"
