@@ -638,15 +638,15 @@ class Qwen3Step:
         """Stateless: the context arrives with each step."""
 
 
-def draft_inputs(device_seed: int = 3) -> dict[str, tuple[Callable, list[dict]]]:
+def draft_inputs(seed: int = 3) -> dict[str, tuple[Callable, list[dict]]]:
+    """Each family's step class and its ragged steps (12 steps of 3 requests)."""
     import torch
 
     cpu = torch.device("cpu")
-    v4 = V4Step(cpu, 0)
-    qwen3 = Qwen3Step(cpu, 0)
+    v4, qwen3 = V4Step(cpu, 0), Qwen3Step(cpu, 0)
     return {
-        "deepseek_v4": (V4Step, v4_steps(12, 3, 24, v4.features, v4.vocab, device_seed)),
-        "qwen3": (Qwen3Step, qwen3_steps(12, 3, 10, qwen3.hidden, qwen3.vocab, device_seed)),
+        "deepseek_v4": (V4Step, v4_steps(12, 3, 24, v4.features, v4.vocab, seed)),
+        "qwen3": (Qwen3Step, qwen3_steps(12, 3, 10, qwen3.hidden, qwen3.vocab, seed)),
     }
 
 
