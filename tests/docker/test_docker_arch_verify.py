@@ -120,3 +120,44 @@ def test_real_binaries_are_listed_through_cuobjdump(tmp_path):
     assert "vllm/_C" in result.stderr and "carries no machine code or PTX for sm_121" in (
         result.stderr
     )
+
+
+def run_step_in_a_shell(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The Dockerfile's own arch RUN, run by sh from the repository root as the build runs it
+    from /opt/dspark, with `python3` this interpreter and `apt-get` a recorder."""
+    parsed = read(DOCKERFILES[name])
+    (run,) = [args for args in parsed.all("RUN") if "--architectures" in args]
+    targets, arch_env = dockerfile_step(name)
+    bin_dir = tmp_path / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python3").symlink_to(sys.executable)
+        for tool in ("apt-get", "rm"):  # recorders: nothing on this host is installed or removed
+            recorder = bin_dir / tool
+            log = shlex.quote(str(tmp_path / f"{tool}.log"))
+            recorder.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+            recorder.chmod(0o755)
+    script = run.replace("${GPU_TARGETS}", targets).replace(
+        "${ARCH_LISTING_JSON}", json.dumps(FAKE_LISTINGS[name]).replace('"', '\\"')
+    )
+    return subprocess.run(
+        ["sh", "-c", script],
+        cwd=REPO,
+        env={**os.environ, **arch_env, "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_the_arch_step_installs_cuobjdump_for_the_bases_cuda(name, tmp_path):
+    standin = run_step_in_a_shell(name, tmp_path)  # no CUDA_VERSION: nothing to install
+    assert standin.returncode == 0, standin.stderr
+    assert not (tmp_path / "apt-get.log").exists()
+    cuda_base = run_step_in_a_shell(name, tmp_path, CUDA_VERSION="13.0.3")
+    assert cuda_base.returncode == 0, cuda_base.stderr
+    log = (tmp_path / "apt-get.log").read_text().splitlines()
+    assert log == ["update", "install -y --no-install-recommends cuda-cuobjdump-13-0"]
+    assert (tmp_path / "rm.log").read_text().startswith("-rf /var/lib/apt/lists/")
