@@ -89,13 +89,33 @@ RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
 
 COPY docker/entrypoint.sh docker/healthcheck.py docker/
 
-# Torch extensions and FlashInfer JIT-compile for both Blackwell families. CuTe DSL takes a single
-# target: sm_100a (B200 class); build with --build-arg CUTE_DSL_ARCH=sm_120a for RTX PRO 6000 hosts
-# (or pass -e CUTE_DSL_ARCH=sm_120a at run time).
+# Torch extensions and FlashInfer JIT-compile for B200 (sm_100a), B300 (sm_103a) and RTX PRO 6000
+# (sm_120a): "a" code runs only on exactly its architecture, so each needs its own entry. CuTe
+# DSL takes a single target: sm_100a (B200 class); build with --build-arg CUTE_DSL_ARCH=sm_103a
+# or sm_120a for those hosts (or pass -e CUTE_DSL_ARCH=... at run time).
 ARG CUTE_DSL_ARCH=sm_100a
-ENV TORCH_CUDA_ARCH_LIST="10.0a 12.0a" \
-    FLASHINFER_CUDA_ARCH_LIST="10.0a 12.0a" \
+ENV TORCH_CUDA_ARCH_LIST="10.0a 10.3a 12.0a" \
+    FLASHINFER_CUDA_ARCH_LIST="10.0a 10.3a 12.0a" \
     CUTE_DSL_ARCH="${CUTE_DSL_ARCH}"
+
+# Prove the GPU code before the image is tagged: the JIT arch lists above cover every target,
+# and torch, vLLM's _C/_moe_C and FlashInfer carry machine code or PTX for each (else the build
+# fails naming the binary). ARCH_LISTING_JSON stands in for the binaries' listing; only the CPU
+# stand-in test sets it (its base has no CUDA binaries). docs/docker.md.
+ARG GPU_TARGETS="sm_100 sm_103 sm_120"
+ARG ARCH_LISTING_JSON=""
+COPY tools/gpu_selftest.py tools/
+# cuobjdump lists the .so files' code; the CUDA base images carry NVIDIA's apt repository, whose
+# cuda-cuobjdump-X-Y package matches the image's CUDA_VERSION (unset on the CPU stand-in).
+# hadolint ignore=DL3008
+RUN if ! command -v cuobjdump >/dev/null && [ -n "${CUDA_VERSION:-}" ]; then \
+        cuda="${CUDA_VERSION%.*}" \
+        && apt-get update \
+        && apt-get install -y --no-install-recommends "cuda-cuobjdump-${cuda%.*}-${cuda#*.}" \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 docker/verify_install.py --architectures "${GPU_TARGETS}" \
+        --listing-json "${ARCH_LISTING_JSON}"
 
 # Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.
 # Declared last: a new revision must not invalidate the install layer above.

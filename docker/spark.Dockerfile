@@ -94,6 +94,25 @@ ENV TORCH_CUDA_ARCH_LIST="12.1a" \
     FLASHINFER_CUDA_ARCH_LIST="12.1a" \
     CUTE_DSL_ARCH="sm_121a"
 
+# Prove the GPU code before the image is tagged: the JIT arch lists above cover every target,
+# and torch, vLLM's _C/_moe_C and FlashInfer carry machine code or PTX for each (else the build
+# fails naming the binary). ARCH_LISTING_JSON stands in for the binaries' listing; only the CPU
+# stand-in test sets it (its base has no CUDA binaries). docs/docker.md.
+ARG GPU_TARGETS="sm_121"
+ARG ARCH_LISTING_JSON=""
+COPY tools/gpu_selftest.py tools/
+# cuobjdump lists the .so files' code; the CUDA base images carry NVIDIA's apt repository, whose
+# cuda-cuobjdump-X-Y package matches the image's CUDA_VERSION (unset on the CPU stand-in).
+# hadolint ignore=DL3008
+RUN if ! command -v cuobjdump >/dev/null && [ -n "${CUDA_VERSION:-}" ]; then \
+        cuda="${CUDA_VERSION%.*}" \
+        && apt-get update \
+        && apt-get install -y --no-install-recommends "cuda-cuobjdump-${cuda%.*}-${cuda#*.}" \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 docker/verify_install.py --architectures "${GPU_TARGETS}" \
+        --listing-json "${ARCH_LISTING_JSON}"
+
 # Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.
 # Declared last: a new revision must not invalidate the install layer above.
 ARG DSPARK_REVISION

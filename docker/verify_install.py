@@ -6,11 +6,20 @@ Checks, each failing with a message that names the problem:
 - the installed vLLM version and pin digest equal the ones the image is labelled with (if given);
 - every Python module of the overlay listed in recipe/pins.yaml imports, from that tree.
 The module list comes from the installer's own reader of recipe/pins.yaml, so it is never copied.
+
+With `--architectures "sm_121"` it instead proves the image's GPU code: the build's JIT arch
+lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) cover every target, and torch, vLLM's
+`_C`/`_moe_C` and FlashInfer carry machine code or PTX for each (tools/gpu_selftest.py's
+listing and rules: torch's compiled arch flags, `cuobjdump --list-elf/--list-ptx` of the
+`.so` files). `--listing-json` replaces the binaries' listing: the CPU stand-in build, which has
+no CUDA binaries, passes a fake one (tests/docker).
 """
 
 import argparse
 import importlib
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 import traceback
@@ -89,12 +98,67 @@ def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
             raise VerifyError(f"{name} was imported from {origin}, outside {vllm_dir}")
 
 
+def load_selftest():
+    """tools/gpu_selftest.py by path (copied into the image after the install step), so no
+    other `tools` package on sys.path can shadow it."""
+    path = PROJECT / "tools" / "gpu_selftest.py"
+    spec = importlib.util.spec_from_file_location("gpu_selftest", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_architectures(targets_text: str, listing_json: str) -> str:
+    """Refuse an image whose arch lists or binaries have no code for a target architecture."""
+    gpu_selftest = load_selftest()
+    targets = []
+    for token in targets_text.split():
+        parsed = gpu_selftest.parse_arch(token)
+        if parsed is None:
+            raise VerifyError(f"--architectures: {token!r} is not an architecture like sm_121")
+        targets.append(parsed[:2])
+    problems = []
+    for name in ("TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST"):
+        problems += gpu_selftest.jit_list_problems(name, os.environ.get(name, ""), targets)
+    try:
+        listing = json.loads(listing_json) if listing_json else gpu_selftest.collect_listing()
+    except json.JSONDecodeError as error:
+        raise VerifyError(f"--listing-json is not JSON: {error}") from None
+    verdicts = {}
+    for target in targets:
+        verdicts[target], missing = gpu_selftest.architecture_problems(
+            listing, target, require_vllm=True
+        )
+        arch = gpu_selftest.format_arch(target)
+        problems += [f"{name} carries no machine code or PTX for {arch}" for name in missing]
+    if problems:
+        raise VerifyError("; ".join(problems))
+    return "; ".join(
+        f"{gpu_selftest.format_arch(target)}: "
+        + ", ".join(f"{name} {v}" for name, v in sorted(found.items()) if v != "none")
+        for target, found in verdicts.items()
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm-path", help="as for install.py (default: this Python's vllm)")
     parser.add_argument("--expect-vllm-version", default="", help="required vLLM version")
     parser.add_argument("--expect-pin-digest", default="", help="required install digest")
+    parser.add_argument(
+        "--architectures", help='check only the GPU code for these targets, e.g. "sm_121"'
+    )
+    parser.add_argument("--listing-json", default="", help="binaries' listing (CPU stand-in)")
     args = parser.parse_args()
+    if args.architectures is not None:
+        try:
+            summary = check_architectures(args.architectures, args.listing_json)
+        except VerifyError as error:
+            print(f"verify: FAILED: {error}", file=sys.stderr)
+            return 1
+        print(f"verify: ok: GPU code for {args.architectures}: {summary}")
+        return 0
     target = [] if args.vllm_path is None else ["--vllm-path", args.vllm_path]
     try:
         status = install_status(target)

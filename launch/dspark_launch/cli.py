@@ -43,7 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("preflight", help="check both nodes without starting anything")
-    commands.add_parser("start", help="preflight, start both ranks, wait until serving")
+    start = commands.add_parser("start", help="preflight, start both ranks, wait until serving")
+    start.add_argument(
+        "--skip-selftest",
+        action="store_true",
+        help="do not run the GPU self-test (tools/gpu_selftest.py) on the nodes first",
+    )
     commands.add_parser("stop", help="stop both ranks (idempotent)")
     commands.add_parser("status", help="show both ranks and the API (exit 0 only when healthy)")
     logs = commands.add_parser("logs", help="print the ranks' recent log lines")
@@ -63,7 +68,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.command == "preflight":
         launcher.preflight()
     elif args.command == "start":
-        launcher.start()
+        launcher.start(selftest=not args.skip_selftest)
     elif args.command == "stop":
         launcher.stop()
     elif args.command == "status":

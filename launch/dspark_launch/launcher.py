@@ -10,15 +10,18 @@ from __future__ import annotations
 import json
 import time
 
+from dspark_launch import serving_flags
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
-from dspark_launch.nodes import ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.nodes import REPO_ROOT, ContainerRank, LocalRank, Rank, Shell
 from dspark_launch.profile import Profile
-from dspark_launch.render import plan_node
+from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
 from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40
+SELFTEST = REPO_ROOT / "tools" / "gpu_selftest.py"
+SELFTEST_TIMEOUT_S = 900
 
 
 class Launcher:
@@ -42,7 +45,7 @@ class Launcher:
 
     # preflight -------------------------------------------------------------------------------
 
-    def preflight(self) -> dict[str, str]:
+    def preflight(self, selftest: bool = True) -> dict[str, str]:
         """Check both nodes; return each node's resolved NCCL_IB_GID_INDEX ('' without RoCE)."""
         self._check_images()
         self._check_install()
@@ -52,6 +55,9 @@ class Launcher:
                 "snapshot",
                 [str(rank.node.hf_home), self.profile.model, self.profile.revision or "-"],
             )
+        self._check_serving_flags()
+        if selftest:
+            self._run_selftest()
         self._step("ports free on the head")
         head = self.ranks[HEAD].shell
         head.probe("ports", [self.site.api_bind, str(self.site.api_port)])
@@ -99,11 +105,45 @@ class Launcher:
                 f"{digests[WORKER]}; both nodes must run the same image"
             )
 
+    def _check_serving_flags(self) -> None:
+        """The head's serve args against vLLM's rules for the pinned snapshot's config.json."""
+        head = self.ranks[HEAD]
+        if self.profile.uses_hub_snapshot:
+            repo = "models--" + self.profile.model.replace("/", "--")
+            snapshot = f"{head.runtime_hf_home}/hub/{repo}/snapshots/{self.profile.revision}"
+        else:
+            snapshot = self.profile.model
+        self._step("serving flags against vLLM's rules for the checkpoint (head)")
+        args = [f"{snapshot}/config.json", *serve_args(self.profile, self.site, head.node)]
+        answer = head.shell.run_script(serving_flags.__file__, args, head.runtime_python)
+        if not self.runner.dry_run and not answer.get("ok"):
+            raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
+
+    def _run_selftest(self) -> None:
+        """tools/gpu_selftest.py in each rank's runtime; every node's verdict is printed."""
+        self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
+        failed = []
+        for role, rank in self.ranks.items():
+            args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
+            report = rank.shell.run_script(
+                SELFTEST, args, rank.runtime_python, timeout_s=SELFTEST_TIMEOUT_S
+            )
+            if self.runner.dry_run:
+                continue
+            self.runner.say(f"    {rank.label}: {report.get('verdict', 'no verdict')}")
+            for check in report.get("checks", []):
+                if check["status"] == "failed":
+                    self.runner.say(f"      {check['name']}: {check['detail']}")
+            if not report.get("ok"):
+                failed.append(role)
+        if failed:
+            raise LaunchError(f"GPU self-test failed on {', '.join(failed)} (details above)")
+
     # start -----------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, selftest: bool = True) -> None:
         self._refuse_existing()
-        gids = self.preflight()
+        gids = self.preflight(selftest)
         plans = {
             role: plan_node(self.profile, self.site, rank.node, gids[role] or None)
             for role, rank in self.ranks.items()

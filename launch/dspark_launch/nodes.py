@@ -68,13 +68,17 @@ class Shell:
         return "python3" if self.node.ssh else sys.executable
 
     def run(
-        self, argv: list[str], stdin: str | None = None, stdin_label: str | None = None
+        self,
+        argv: list[str],
+        stdin: str | None = None,
+        stdin_label: str | None = None,
+        timeout_s: float = 120,
     ) -> Result:
         if self.node.ssh:
             # The host after `--`, so that no value can ever be read as an ssh option.
             ssh = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "--", self.node.ssh]
             argv = [*ssh, shlex.join(argv)]
-        result = self.runner.run(argv, stdin=stdin, stdin_label=stdin_label)
+        result = self.runner.run(argv, stdin=stdin, stdin_label=stdin_label, timeout_s=timeout_s)
         if self.node.ssh and result.rc == SSH_UNREACHABLE:
             raise LaunchError(
                 f"{self.label}: unreachable over ssh: {result.last_error_line} "
@@ -82,16 +86,23 @@ class Shell:
             )
         return result
 
-    def run_script(self, module_file: str, args: list[str]) -> dict:
-        """Run one of the stdlib-only probe modules on the node; return its JSON answer."""
+    def run_script(
+        self,
+        module_file: str | Path,
+        args: list[str],
+        python: list[str] | None = None,
+        timeout_s: float = 120,
+    ) -> dict:
+        """Run a single-file script on the node (the stdlib-only probes with the node's Python,
+        or with `python`, e.g. the image's); return its JSON answer, its last stdout line."""
         source = Path(module_file).read_text()
-        result = self.run(
-            [self.python, "-", *args], stdin=source, stdin_label=Path(module_file).name
-        )
+        argv = [*(python or [self.python]), "-", *args]
+        result = self.run(argv, source, Path(module_file).name, timeout_s)
         if self.runner.dry_run:
             return {}
+        lines = result.stdout.strip().splitlines()
         try:
-            return json.loads(result.stdout)
+            return json.loads(lines[-1] if lines else "")
         except json.JSONDecodeError:
             raise LaunchError(f"{self.label}: probe failed: {result.last_error_line}") from None
 
@@ -158,6 +169,17 @@ class Rank(ABC):
         """The ID of the image the rank runs; None without containers."""
         return None
 
+    @property
+    @abstractmethod
+    def runtime_python(self) -> list[str]:
+        """How to start the Python of the serving vLLM (with the HF cache at `runtime_hf_home`),
+        reading a script on stdin: what the self-test and the flag check run in."""
+
+    @property
+    @abstractmethod
+    def runtime_hf_home(self) -> str:
+        """The node's hf_home as `runtime_python` sees it."""
+
     @abstractmethod
     def state(self) -> RankState:
         """Whether the rank runs; "absent" when nothing of it is left."""
@@ -188,6 +210,14 @@ class LocalRank(Rank):
     def install_status(self) -> Result:
         python = str(self.venv / "bin" / "python")
         return self.shell.run([python, str(REPO_ROOT / "install.py"), "--status", "--json"])
+
+    @property
+    def runtime_python(self) -> list[str]:
+        return [str(self.venv / "bin" / "python")]
+
+    @property
+    def runtime_hf_home(self) -> str:
+        return str(self.node.hf_home)
 
     def _recorded(self) -> tuple[int, str] | None:
         try:
@@ -308,6 +338,26 @@ class ContainerRank(Rank):
                 "--json",
             ]
         )
+
+    @property
+    def runtime_python(self) -> list[str]:
+        return [
+            "docker",
+            "run",
+            "--rm",
+            "--interactive",
+            "--gpus",
+            "all",
+            "--volume",
+            f"{self.node.hf_home}:/hf:ro",
+            "--entrypoint",
+            "python3",
+            self.image,
+        ]
+
+    @property
+    def runtime_hf_home(self) -> str:
+        return "/hf"
 
     def image_id(self) -> str | None:
         result = self.shell.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.image])

@@ -15,6 +15,21 @@ DOCKERFILES = {
     "spark": REPO / "docker" / "spark.Dockerfile",
     "blackwell": REPO / "docker" / "blackwell.Dockerfile",
 }
+# Binary listings the CPU stand-in builds pass as ARCH_LISTING_JSON (the stand-in has no CUDA
+# binaries); test_docker_arch_verify.py shows the step fails when a target is dropped from them.
+FAKE_LISTINGS = {
+    "spark": {
+        "torch": {"sass": ["sm_121a"], "ptx": []},
+        "vllm/_C.abi3.so": {"sass": ["sm_120"], "ptx": []},
+        "vllm/_moe_C.abi3.so": {"sass": ["sm_121a"], "ptx": []},
+        "flashinfer/flashinfer_kernels.so": {"sass": [], "ptx": ["compute_90"]},
+    },
+    "blackwell": {
+        "torch": {"sass": ["sm_100a", "sm_103a", "sm_120a"], "ptx": []},
+        "vllm/_C.abi3.so": {"sass": ["sm_100", "sm_120"], "ptx": []},
+        "vllm/_moe_C.abi3.so": {"sass": ["sm_100f", "sm_120"], "ptx": []},
+    },
+}
 
 
 @dataclass(frozen=True)

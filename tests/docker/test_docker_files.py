@@ -15,7 +15,7 @@ from installer.vllm_tree import locate
 # Per image: platform, TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST, CUTE_DSL_ARCH.
 EXPECTED_TARGETS = {
     "spark": ("linux/arm64", "12.1a", "12.1a", "sm_121a"),
-    "blackwell": ("linux/amd64", "10.0a 12.0a", "10.0a 12.0a", "sm_100a"),
+    "blackwell": ("linux/amd64", "10.0a 10.3a 12.0a", "10.0a 10.3a 12.0a", "sm_100a"),
 }
 BASE_REFERENCE = re.compile(
     r"^vllm/vllm-openai:v(?P<version>\d+\.\d+\.\d+)(?P<digest>@sha256:[0-9a-f]{64})?$"

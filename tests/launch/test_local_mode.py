@@ -7,6 +7,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -79,7 +80,11 @@ def _stand_in_venv(tmp_path: Path) -> Path:
     """A venv whose `vllm` is a stand-in: the worker stays up, the head dies while loading."""
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "python").symlink_to(sys.executable)
+    # A wrapper, not a symlink: a symlinked interpreter would lose this venv's packages, and
+    # preflight runs vLLM's own flag rules and the self-test with it.
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
     vllm = venv / "bin" / "vllm"
     vllm.write_text(
         "#!/bin/sh\n"

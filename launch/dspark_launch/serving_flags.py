@@ -1,0 +1,153 @@
+"""Serving flags checked against vLLM's own rules for the checkpoint being served.
+
+Runs where the serving vLLM is installed (the image, or the local venv): the launcher pipes this
+file to `python3 - CONFIG_JSON SERVE_ARGS...` before any rank starts, so a flag that vLLM would
+refuse after minutes of weight loading is refused in seconds. Every rule is vLLM's:
+- the serve args go through vLLM's own `vllm serve` parser (its `--kv-cache-dtype`,
+  `--moe-backend` and `--quantization` choices);
+- the checkpoint's quantisation is resolved by vLLM's `ModelConfig._verify_quantization` from
+  its `config.json`, which also refuses a `--quantization` that contradicts the checkpoint;
+- `--moe-backend` goes through the MoE oracle of the experts' format (`map_mxfp4_backend`,
+  `map_nvfp4_backend`, `map_fp8_backend`, `map_unquantized_backend`), whose error names the
+  valid choices.
+Prints one JSON object: {"ok": bool, "detail": str, "quantization": ..., "experts": ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+# The MoE oracle (module, function) vLLM consults for each experts' format.
+ORACLES = {
+    "mxfp4": ("vllm.model_executor.layers.fused_moe.oracle.mxfp4", "map_mxfp4_backend"),
+    "nvfp4": ("vllm.model_executor.layers.fused_moe.oracle.nvfp4", "map_nvfp4_backend"),
+    "fp8": ("vllm.model_executor.layers.fused_moe.oracle.fp8", "map_fp8_backend"),
+    "unquantized": (
+        "vllm.model_executor.layers.fused_moe.oracle.unquantized",
+        "map_unquantized_backend",
+    ),
+}
+# Config keys that give a model routed experts (DeepSeek, Qwen-MoE, Mixtral/gpt-oss).
+EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+
+
+class FlagError(Exception):
+    """A serving flag vLLM would refuse for this checkpoint."""
+
+
+def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
+    """The serve args as vLLM's own `vllm serve` parser reads them (choices included)."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            return parser.parse_args(serve_args)
+    except SystemExit:
+        lines = errors.getvalue().strip().splitlines()
+        raise FlagError(f"vLLM's serve parser: {lines[-1] if lines else 'refused'}") from None
+
+
+def resolve_quantization(config: dict, quantization: str | None) -> str | None:
+    """The quantisation method vLLM picks for this `config.json` and `--quantization`."""
+    from vllm.config.model import ModelConfig
+    from vllm.transformers_utils.model_arch_config_convertor import (
+        ModelArchConfigConvertorBase,
+    )
+
+    hf_config = SimpleNamespace(**config)
+    quant_cfg = ModelArchConfigConvertorBase._normalize_quantization_config(None, hf_config)
+    model = SimpleNamespace(
+        quantization=quantization,
+        model_arch_config=SimpleNamespace(quantization_config=quant_cfg),
+        hf_config=hf_config,
+        allow_deprecated_quantization=False,
+    )
+    try:
+        ModelConfig._verify_quantization(model)
+    except ValueError as e:
+        raise FlagError(f"--quantization: {e}") from None
+    return model.quantization
+
+
+def experts_format(config: dict, quantization: str | None) -> str | None:
+    """The routed experts' weight format, or None for a model without routed experts.
+
+    DeepSeek-V4 (`deepseek_v4_fp8`, vLLM's `DeepseekV4FP8Config.get_quant_method`): the
+    top-level `expert_dtype` (default "fp4") picks FP4 or FP8 experts, and FP4 experts are
+    NVFP4 when `quantization_config.moe_quant_algo` says so, else MXFP4.
+    """
+    if not any(config.get(key) for key in EXPERT_COUNT_KEYS):
+        return None
+    if quantization == "deepseek_v4_fp8":
+        if config.get("expert_dtype", "fp4") == "fp8":
+            return "fp8"
+        algo = (config.get("quantization_config") or {}).get("moe_quant_algo") or ""
+        return "nvfp4" if algo.upper() == "NVFP4" else "mxfp4"
+    by_method = {
+        None: "unquantized",
+        "fp8": "fp8",
+        "modelopt": "fp8",
+        "modelopt_fp4": "nvfp4",
+        "mxfp4": "mxfp4",
+        "gpt_oss_mxfp4": "mxfp4",
+    }
+    return by_method.get(quantization, f"({quantization}: not checked here)")
+
+
+def check_moe_backend(backend: str, experts: str | None) -> None:
+    if backend == "auto" or experts not in ORACLES:
+        return
+    module, function = ORACLES[experts]
+    try:
+        getattr(importlib.import_module(module), function)(backend)
+    except ValueError as e:
+        raise FlagError(
+            f"--moe-backend={backend} is refused for this checkpoint's {experts.upper()} "
+            f"experts by vLLM's {function}: {e}"
+        ) from None
+
+
+def check(config: dict, serve_args: list[str]) -> dict:
+    args = parse_serve_args(serve_args)
+    quantization = resolve_quantization(config, args.quantization)
+    experts = experts_format(config, quantization)
+    check_moe_backend(args.moe_backend, experts)
+    return {
+        "ok": True,
+        "detail": (
+            f"quantization {quantization or 'none'}, experts {experts or 'none'}, "
+            f"--moe-backend={args.moe_backend}, --kv-cache-dtype={args.kv_cache_dtype}: "
+            "accepted by vLLM"
+        ),
+        "quantization": quantization,
+        "experts": experts,
+    }
+
+
+def main(argv: list[str]) -> int:
+    config_path, serve_args = Path(argv[0]), argv[1:]
+    try:
+        config = json.loads(config_path.read_text())
+        # vLLM logs to stdout; the launcher reads only this script's JSON there.
+        with contextlib.redirect_stdout(sys.stderr):
+            result = check(config, serve_args)
+    except (OSError, json.JSONDecodeError) as e:
+        result = {"ok": False, "detail": f"cannot read the checkpoint's {config_path}: {e}"}
+    except FlagError as e:
+        result = {"ok": False, "detail": str(e)}
+    print(json.dumps(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

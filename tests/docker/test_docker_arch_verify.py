@@ -1,0 +1,163 @@
+"""The images' architecture proof (`docker/verify_install.py --architectures`), run as each
+Dockerfile runs it: with the Dockerfile's own targets and arch-list ENV, against fake binary
+listings (the CPU environment has no CUDA binaries) and against a fake `cuobjdump` that lists the
+real vLLM `.so` files of this environment. Each passing case has a twin that drops the target
+architecture and must fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from dockerfiles import DOCKERFILES, FAKE_LISTINGS, REPO, read
+
+VERIFY = REPO / "docker" / "verify_install.py"
+TARGETS = {"spark": "sm_121", "blackwell": "sm_100 sm_103 sm_120"}
+
+
+def dockerfile_step(name: str) -> tuple[str, dict[str, str]]:
+    """The Dockerfile's GPU_TARGETS default and the arch-list ENV its verify step runs under."""
+    parsed = read(DOCKERFILES[name])
+    env = parsed.env()
+    defaults = parsed.arg_defaults()
+    (run,) = [args for args in parsed.all("RUN") if "--architectures" in args]
+    assert '--architectures "${GPU_TARGETS}"' in run and '"${ARCH_LISTING_JSON}"' in run
+    arch_env = {k: env[k] for k in ("TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST")}
+    return defaults["GPU_TARGETS"], arch_env
+
+
+def verify(targets: str, listing: dict | None, env: dict[str, str], **extra_env: str):
+    args = [sys.executable, str(VERIFY), "--architectures", targets]
+    if listing is not None:
+        args += ["--listing-json", json.dumps(listing)]
+    return subprocess.run(
+        args,
+        env={**os.environ, **env, **extra_env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_each_dockerfile_proves_its_targets(name):
+    targets, env = dockerfile_step(name)
+    assert targets == TARGETS[name]
+    result = verify(targets, FAKE_LISTINGS[name], env)
+    assert result.returncode == 0, result.stderr
+    assert f"verify: ok: GPU code for {targets}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("name", "component", "drop", "message"),
+    [
+        ("spark", "torch", "sm_121a", "torch carries no machine code or PTX for sm_121"),
+        ("spark", "vllm/_C.abi3.so", "sm_120", "vllm/_C.abi3.so carries no machine code"),
+        ("blackwell", "torch", "sm_103a", "torch carries no machine code or PTX for sm_103"),
+        ("blackwell", "vllm/_moe_C.abi3.so", "sm_120", "vllm/_moe_C.abi3.so carries no"),
+    ],
+)
+def test_a_missing_architecture_fails_the_build(name, component, drop, message):
+    targets, env = dockerfile_step(name)
+    listing = json.loads(json.dumps(FAKE_LISTINGS[name]))
+    listing[component]["sass"].remove(drop)
+    result = verify(targets, listing, env)
+    assert result.returncode == 1
+    assert message in result.stderr
+
+
+def test_arch_specific_code_is_not_taken_for_its_neighbours():
+    """sm_120a machine code does not run on sm_121 (GB10); sm_120 and compute_90 PTX do."""
+    _, env = dockerfile_step("spark")
+    listing = {"torch": {"sass": ["sm_120a"], "ptx": []}, "vllm/_C.so": {"sass": ["sm_121a"]}}
+    assert verify("sm_121", listing, env).returncode == 1
+    listing["torch"] = {"sass": ["sm_100"], "ptx": ["compute_90"]}
+    assert verify("sm_121", listing, env).returncode == 0
+
+
+def test_an_arch_list_that_misses_a_target_fails_the_build():
+    """The Blackwell image before sm_103 (B300) was added: "a" entries cover one device each."""
+    targets, env = dockerfile_step("blackwell")
+    old = {"TORCH_CUDA_ARCH_LIST": "10.0a 12.0a", "FLASHINFER_CUDA_ARCH_LIST": "10.0a 12.0a"}
+    result = verify(targets, FAKE_LISTINGS["blackwell"], {**env, **old})
+    assert result.returncode == 1
+    assert "TORCH_CUDA_ARCH_LIST='10.0a 12.0a' covers no sm_103" in result.stderr
+
+
+def fake_cuobjdump(directory: Path, elf: str, ptx: str) -> None:
+    """A `cuobjdump` that lists one cubin/PTX per architecture for any file it is given."""
+    script = directory / "cuobjdump"
+    script.write_text(
+        "#!/bin/sh\n"
+        'name=$(basename "$2" .so)\n'
+        f'case "$1" in --list-elf) archs={shlex.quote(elf)}; kind=cubin; label=ELF;;\n'
+        f"  --list-ptx) archs={shlex.quote(ptx)}; kind=ptx; label=PTX;; esac\n"
+        "i=1; for a in $archs; do\n"
+        '  printf "%s file %4d: %s.%d.%s.%s\\n" "$label" "$i" "$name" "$i" "$a" "$kind"\n'
+        "  i=$((i + 1)); done\n"
+    )
+    script.chmod(0o755)
+
+
+def test_real_binaries_are_listed_through_cuobjdump(tmp_path):
+    """Without --listing-json the step lists this environment's vLLM `.so` files with
+    cuobjdump (a fake here); torch is the CPU build, so torch itself has no CUDA code."""
+    _, env = dockerfile_step("spark")
+    fake_cuobjdump(tmp_path, "sm_90a sm_121a", "")
+    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
+    result = verify("sm_121", None, env, PATH=path)
+    assert result.returncode == 1
+    assert "torch carries no machine code or PTX for sm_121" in result.stderr
+    assert "vllm/_C" not in result.stderr  # listed by the fake, with sm_121a machine code
+    fake_cuobjdump(tmp_path, "sm_90a", "")  # Hopper-only machine code: nothing for GB10
+    result = verify("sm_121", None, env, PATH=path)
+    assert "vllm/_C" in result.stderr and "carries no machine code or PTX for sm_121" in (
+        result.stderr
+    )
+
+
+def run_step_in_a_shell(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    """The Dockerfile's own arch RUN, run by sh from the repository root as the build runs it
+    from /opt/dspark, with `python3` this interpreter and `apt-get` a recorder."""
+    parsed = read(DOCKERFILES[name])
+    (run,) = [args for args in parsed.all("RUN") if "--architectures" in args]
+    targets, arch_env = dockerfile_step(name)
+    bin_dir = tmp_path / "bin"
+    if not bin_dir.exists():
+        bin_dir.mkdir()
+        (bin_dir / "python3").symlink_to(sys.executable)
+        for tool in ("apt-get", "rm"):  # recorders: nothing on this host is installed or removed
+            recorder = bin_dir / tool
+            log = shlex.quote(str(tmp_path / f"{tool}.log"))
+            recorder.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+            recorder.chmod(0o755)
+    script = run.replace("${GPU_TARGETS}", targets).replace(
+        "${ARCH_LISTING_JSON}", json.dumps(FAKE_LISTINGS[name]).replace('"', '\\"')
+    )
+    return subprocess.run(
+        ["sh", "-c", script],
+        cwd=REPO,
+        env={**os.environ, **arch_env, "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin", **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_the_arch_step_installs_cuobjdump_for_the_bases_cuda(name, tmp_path):
+    standin = run_step_in_a_shell(name, tmp_path)  # no CUDA_VERSION: nothing to install
+    assert standin.returncode == 0, standin.stderr
+    assert not (tmp_path / "apt-get.log").exists()
+    cuda_base = run_step_in_a_shell(name, tmp_path, CUDA_VERSION="13.0.3")
+    assert cuda_base.returncode == 0, cuda_base.stderr
+    log = (tmp_path / "apt-get.log").read_text().splitlines()
+    assert log == ["update", "install -y --no-install-recommends cuda-cuobjdump-13-0"]
+    assert (tmp_path / "rm.log").read_text().startswith("-rf /var/lib/apt/lists/")

@@ -1,0 +1,157 @@
+"""The serving-flag check (`dspark_launch/serving_flags.py`) against vLLM's own rules: the Spark
+profile's rendered head command against a tiny `config.json` of each quantisation the
+DeepSeek-V4 family ships, run as the launcher runs it (the file piped to `python3 -`).
+
+The old profile flag (`--moe-backend=flashinfer_b12x`, NVFP4-only) must fail for MXFP4 experts:
+`test_the_previous_spark_backend_is_refused_for_mxfp4` is the control that shows the check can
+fail on exactly the profile this issue found broken.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from launch_testlib import REPO
+
+from dspark_launch import serving_flags
+from dspark_launch.profile import PROFILES_DIR, load_profile
+
+SPARK = PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml"
+# The published DeepSeek-V4-Flash quantisation fields (benchmarks/deepseek_v4_memory.py).
+V4_BASE = {
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "n_routed_experts": 256,
+}
+FP8_LINEARS = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+}
+CHECKPOINTS = {
+    "mxfp4": {**V4_BASE, "expert_dtype": "fp4", "quantization_config": FP8_LINEARS},
+    "nvfp4": {
+        **V4_BASE,
+        "expert_dtype": "fp4",
+        "quantization_config": {**FP8_LINEARS, "moe_quant_algo": "NVFP4"},
+    },
+    "fp8": {
+        **V4_BASE,
+        "expert_dtype": "fp8",
+        "quantization_config": {**FP8_LINEARS, "scale_fmt": None},
+    },
+    "unquantized": {**V4_BASE, "expert_dtype": "bf16"},
+}
+
+
+def spark_head_args(**replace_flags: str) -> list[str]:
+    """The serve args the head renders for the Spark profile, with `--flag=value` swapped in."""
+    profile = load_profile(SPARK)
+    args = [profile.model, "--kv-cache-dtype", profile.kv_cache_dtype, *profile.serve_args]
+    for flag, value in replace_flags.items():
+        option = "--" + flag.replace("_", "-")
+        args = [a for a in args if not a.startswith(option + "=")] + [f"{option}={value}"]
+    return args
+
+
+def run_check(tmp_path: Path, config: dict, args: list[str]) -> tuple[int, dict]:
+    """As the launcher runs it: the file piped to `python3 - CONFIG ARGS...`, JSON on stdout."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    source = Path(serving_flags.__file__).read_text()
+    done = subprocess.run(
+        [sys.executable, "-", str(path), *args],
+        input=source,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1, f"stdout must be one JSON line:\n{done.stdout}\n{done.stderr[-2000:]}"
+    return done.returncode, json.loads(lines[0])
+
+
+def check(config: dict, args: list[str]) -> tuple[int, dict]:
+    """The same check in this process (vLLM imported once), answering as `main` does."""
+    try:
+        return 0, serving_flags.check(config, args)
+    except serving_flags.FlagError as e:
+        return 1, {"ok": False, "detail": str(e)}
+
+
+def test_the_spark_profile_is_accepted_for_what_its_checkpoint_ships(tmp_path):
+    rc, answer = run_check(tmp_path, CHECKPOINTS["mxfp4"], spark_head_args())
+    assert (rc, answer["ok"]) == (0, True), answer
+    assert (answer["quantization"], answer["experts"]) == ("deepseek_v4_fp8", "mxfp4")
+
+
+def test_the_previous_spark_backend_is_refused_for_mxfp4(tmp_path):
+    rc, answer = run_check(
+        tmp_path, CHECKPOINTS["mxfp4"], spark_head_args(moe_backend="flashinfer_b12x")
+    )
+    assert (rc, answer["ok"]) == (1, False)
+    assert "--moe-backend=flashinfer_b12x is refused" in answer["detail"]
+    assert "MXFP4" in answer["detail"] and "map_mxfp4_backend" in answer["detail"]
+    assert "Expected one of" in answer["detail"] and "'marlin'" in answer["detail"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "accepted", "refused"),
+    [
+        ("nvfp4", "flashinfer_b12x", "deep_gemm"),
+        ("fp8", "deep_gemm", "b12x"),
+        ("unquantized", "triton", "deep_gemm"),
+    ],
+)
+def test_each_expert_format_goes_through_its_own_oracle(kind, accepted, refused):
+    config = CHECKPOINTS[kind]
+    rc, answer = check(config, spark_head_args(moe_backend=accepted))
+    assert (rc, answer["experts"]) == (0, kind), answer
+    rc, answer = check(config, spark_head_args(moe_backend=refused))
+    assert rc == 1 and f"--moe-backend={refused} is refused" in answer["detail"], answer
+
+
+def test_kv_cache_dtype_and_quantization_go_through_vllm():
+    rc, answer = check(CHECKPOINTS["mxfp4"], spark_head_args(kv_cache_dtype="nvfp4_dsmla"))
+    assert rc == 1 and "--kv-cache-dtype: invalid choice: 'nvfp4_dsmla'" in answer["detail"]
+    assert "'nvfp4_ds_mla'" in answer["detail"]  # the valid choices are named
+    # A quantisation flag that contradicts the checkpoint: vLLM's own mismatch error.
+    dense = {"model_type": "qwen3", "quantization_config": {"quant_method": "fp8"}}
+    rc, answer = check(dense, ["m", "--quantization=bitsandbytes"])
+    assert rc == 1 and "does not match the quantization method" in answer["detail"], answer
+    rc, answer = check(dense, ["m"])
+    assert (rc, answer["quantization"], answer["experts"]) == (0, "fp8", None), answer
+
+
+def test_an_unreadable_config_is_a_failure(tmp_path):
+    source = Path(serving_flags.__file__).read_text()
+    done = subprocess.run(
+        [sys.executable, "-", str(tmp_path / "missing.json"), "m"],
+        input=source,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "cannot read the checkpoint's" in json.loads(done.stdout)["detail"]
+
+
+def test_the_deepseek_v4_expert_rules_mirror_vllms_source():
+    """experts_format restates DeepseekV4FP8Config.get_quant_method's keys; fail on drift."""
+    import vllm
+
+    trees = [Path(vllm.__file__).parent, REPO / ".cache" / "vllm-0.33.0" / "vllm"]
+    for tree in [tree for tree in trees if tree.is_dir()]:
+        text = (tree / "models" / "deepseek_v4" / "quant_config.py").read_text()
+        assert 'getattr(hf_config, "expert_dtype", "fp4")' in text, tree
+        assert 'quant_cfg.get("moe_quant_algo")' in text, tree
+        assert 'self.moe_quant_algo == "NVFP4"' in text, tree
