@@ -96,7 +96,6 @@ def test_confidence_scheduling_with_async_scheduling_is_refused(speculative_conf
         ({"use_local_argmax_reduction": True}, "use_local_argmax_reduction=True"),
         ({"moe_backend": "triton"}, "speculative_config.moe_backend='triton'"),
         ({"max_model_len": 128}, "speculative_config.max_model_len=128"),
-        ({"enforce_eager": False}, "speculative_config.enforce_eager=False"),
         ({"draft_tensor_parallel_size": 2}, "speculative_config.draft_tensor_parallel_size=2"),
         ({"suffix_decoding_max_tree_depth": 8}, "suffix_decoding_max_tree_depth=8 belongs"),
         (
@@ -115,6 +114,7 @@ def test_fields_that_cannot_be_honoured_are_refused_by_name(speculative_config, 
 
 def test_auto_and_unset_are_not_refused(speculative_config):
     assert options(speculative_config, kv_cache_dtype="auto", enforce_eager=True)
+    assert options(speculative_config, enforce_eager=False)
 
 
 def test_deepseek_v4_also_refuses_quantization(speculative_config):

@@ -92,19 +92,10 @@ class DSparkOptions:
         async_scheduling: bool,
         target_tensor_parallel_size: int,
         unsupported: Mapping[str, str] = RING_PROPOSER_UNSUPPORTED,
-        draft_runs_eagerly: bool = True,
     ) -> "DSparkOptions":
-        """Read and cross-check the fields; raise naming the field on conflict.
-        ``draft_runs_eagerly``: the proposer captures no CUDA graphs, so
-        ``enforce_eager=False`` cannot be honoured."""
+        """Read and cross-check the fields; raise naming the field on conflict."""
         refuse_unsupported_fields(speculative_config, unsupported)
         refuse_other_methods_fields(speculative_config)
-        if draft_runs_eagerly and speculative_config.enforce_eager is False:
-            raise ValueError(
-                "speculative_config.enforce_eager=False is not supported by DSpark on vLLM's V1 "
-                "model runner: the draft always runs eagerly (no CUDA graphs are captured for "
-                "it). Remove enforce_eager."
-            )
         if (
             speculative_config.draft_sample_method == "probabilistic"
             and speculative_config.rejection_sample_method != "standard"

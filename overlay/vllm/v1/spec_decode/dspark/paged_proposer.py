@@ -104,7 +104,6 @@ class DSparkPagedProposer(DFlashProposer):
             async_scheduling=vllm_config.scheduler_config.async_scheduling,
             target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
             unsupported=PAGED_PROPOSER_UNSUPPORTED,
-            draft_runs_eagerly=False,
         )
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows

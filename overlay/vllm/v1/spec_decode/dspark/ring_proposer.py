@@ -229,7 +229,6 @@ class DSparkRingProposer(EagleProposer):
             async_scheduling=vllm_config.scheduler_config.async_scheduling,
             target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
             unsupported={**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED},
-            draft_runs_eagerly=False,
         )
         self._slot_table = SlotTable(self.max_batch_size)
         for name in _UNUSED_BASE_BUFFERS:
