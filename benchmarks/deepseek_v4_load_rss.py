@@ -112,9 +112,9 @@ def main() -> None:
         file_bytes = (model_dir / "model.safetensors").stat().st_size
         results = {}
         for way in WAYS:
+            command = ["-m", "benchmarks.deepseek_v4_load_rss", "--measure", way]
             out = subprocess.run(
-                [sys.executable, "-m", "benchmarks.deepseek_v4_load_rss"]
-                + ["--measure", way, "--model-dir", str(model_dir)],
+                [sys.executable, *command, "--model-dir", str(model_dir)],
                 check=True,
                 capture_output=True,
                 text=True,

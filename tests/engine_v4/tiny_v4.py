@@ -128,12 +128,18 @@ def random_v4_checkpoint(config: dict = TINY_V4_CONFIG, seed: int = 0) -> dict[s
 
 
 def save_v4_target(
-    model_dir: Path, checkpoint: dict[str, Tensor], config: dict = TINY_V4_CONFIG
+    model_dir: Path,
+    checkpoint: dict[str, Tensor],
+    config: dict = TINY_V4_CONFIG,
+    keep_dtypes: bool = False,
 ) -> Path:
-    """Write ``config.json``, ``model.safetensors`` (bf16) and a word-level tokenizer."""
+    """Write ``config.json``, ``model.safetensors`` (bf16, or each tensor's own dtype with
+    ``keep_dtypes``) and a word-level tokenizer."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in checkpoint.items()}
+    tensors = {
+        k: (v if keep_dtypes else v.to(torch.bfloat16)).contiguous() for k, v in checkpoint.items()
+    }
     save_file(tensors, str(model_dir / "model.safetensors"))
     build_tokenizer(model_dir)
     return model_dir

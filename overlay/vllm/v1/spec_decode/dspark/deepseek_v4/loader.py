@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.config import ModelConfig
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_mapping
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
@@ -47,6 +47,10 @@ if TYPE_CHECKING:
 
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 _EXPERT_NAME = re.compile(r"ffn\.experts\.\d+\.w[123]\.(weight|scale)")
+_QUANTISED = re.compile(
+    r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123]"
+    r"|main_proj)\.weight"
+)
 _HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 _STACKED = {
     "attn.wq_a": ("attn.fused_wqa_wkv", 0),
@@ -57,6 +61,7 @@ _STACKED = {
 _RENAMES = {"ffn.shared_experts.w2": "ffn.shared_experts.down_proj"}
 _EXACT_RENAMES = {"ffn.gate.bias": "ffn.gate.e_score_correction_bias"}
 _SHOWN_NAMES = 20
+_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
 
 # safetensors header dtype names (https://github.com/huggingface/safetensors, format.md).
@@ -167,8 +172,11 @@ def checkpoint_draft_tensors(
     return CheckpointDraftTensors(files)
 
 
-def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) -> list[str]:
-    """Every ``mtp.*`` tensor (``.scale`` companions aside) the draft of ``config`` needs."""
+def expected_draft_names(
+    config: DeepSeekV4DSparkConfig, with_confidence: bool, quantised: bool = False
+) -> list[str]:
+    """Every ``mtp.*`` tensor the draft of ``config`` needs; with ``quantised``, also the
+    ``.scale`` of every block-FP8 linear and routed expert (V4-Flash's quantised set)."""
     per_stage = [
         *(f"attn.{w}.weight" for w in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "q_norm", "kv_norm")),
         "attn.attn_sink",
@@ -195,6 +203,10 @@ def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) 
             rest += ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
             if with_confidence:
                 rest.append("confidence_head.proj.weight")
+        if quantised:
+            rest += [
+                f"{name[: -len('.weight')]}.scale" for name in rest if _QUANTISED.fullmatch(name)
+            ]
         names += [f"mtp.{stage}.{r}" for r in rest]
     return names
 
@@ -212,14 +224,17 @@ def load_draft_weights(
     """
     draft = [name for name in weights if name.startswith("mtp.")]
     _check_stages(draft, config.num_stages)
-    expected = expected_draft_names(config, with_confidence=model.confidence_head is not None)
+    quantised = any(name.endswith(_SCALE_SUFFIXES) for name, _ in model.named_parameters())
+    expected = expected_draft_names(
+        config, with_confidence=model.confidence_head is not None, quantised=quantised
+    )
     confidence_prefix = f"mtp.{config.num_stages - 1}.confidence_head."
     if model.confidence_head is not None and not any(
         name.startswith(confidence_prefix) for name in draft
     ):
         # The head is enabled in config.json but not shipped: run without it (as upstream does).
         model.confidence_head = None
-        expected = expected_draft_names(config, with_confidence=False)
+        expected = expected_draft_names(config, with_confidence=False, quantised=quantised)
     names = set(draft)
     scales = {n for n in names if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in names}
     unknown = sorted(names - set(expected) - scales)
