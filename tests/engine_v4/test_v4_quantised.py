@@ -161,23 +161,84 @@ def test_a_missing_scale_fails_by_name(quantised_draft, shipped_checkpoint, name
         load_deepseek_v4_draft(model, partial, hf_config)
 
 
+def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.Tensor]:
+    """Stage 0's quantised (or bf16) layers of the loaded draft, after vLLM's
+    ``process_weights_after_loading``, on one fixed input."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    model_dir = tiny_v4.save_v4_target(tmp_path, checkpoint, config, keep_dtypes=True)
+    vllm_config = v4_vllm_config(model_dir)
+    draft_config = vllm_config.speculative_config.draft_model_config
+    model = build_draft(vllm_config)
+    load_deepseek_v4_draft(model, checkpoint, draft_config.hf_config)
+    x = torch.randn(8, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(0))
+    x = x.to(torch.bfloat16)
+    stage = model.backbone.stages[0]
+    with set_current_vllm_config(vllm_config), set_forward_context(None, vllm_config):
+        process_weights_after_loading(model, draft_config, torch.device("cpu"))
+        return {
+            "wq_b": stage.attn.wq_b(x),
+            "main_proj": stage.main_proj(torch.cat([x, x], dim=-1)),
+            "shared_experts": stage.ffn.shared_experts(x),
+            "moe": stage.ffn(x),
+        }
+
+
+def relative_errors(outputs: dict, reference: dict) -> dict[str, float]:
+    return {
+        name: (
+            (outputs[name].float() - reference[name].float()).norm()
+            / reference[name].float().norm()
+        ).item()
+        for name in reference
+    }
+
+
+@amx
+def test_each_quantised_layer_computes_what_its_bf16_twin_computes(tmp_path):
+    """vLLM's FP8 block linear (W8A16) gives the twin's bf16 result exactly; its MXFP4 MoE
+    differs from the unquantised MoE by bf16 rounding only. With every stage-0 scale one
+    exponent off (a wrong e8m0 bias) the same comparison fails."""
+    shipped, twin = quantise_v4.quantise_v4_checkpoint(tiny_v4.random_v4_checkpoint(CONFIG))
+    reference = stage_outputs(tmp_path / "twin", twin, TWIN_CONFIG)
+    errors = relative_errors(stage_outputs(tmp_path / "shipped", shipped, CONFIG), reference)
+    print(f"relative errors against the bf16 twin: {errors}")
+    assert errors["wq_b"] == errors["main_proj"] == errors["shared_experts"] == 0.0
+    assert errors["moe"] < 0.01
+    off_bias = {
+        name: (t.view(torch.uint8) + 1).view(t.dtype)
+        if name.startswith("mtp.0.") and name.endswith(".scale")
+        else t
+        for name, t in shipped.items()
+    }
+    wrong = relative_errors(stage_outputs(tmp_path / "off", off_bias, CONFIG), reference)
+    assert min(wrong.values()) > 0.1, wrong
+
+
 # --- In the engine ----------------------------------------------------------------------------
 
 
-def draft_agreement(logs: list[dict]) -> tuple[int, int]:
-    """(draft tokens equal in both logs, draft tokens compared), over the anchors both drafted
-    from the same token."""
+def draft_agreement(logs: list, runs: list) -> tuple[int, int]:
+    """(draft tokens equal in both logs, draft tokens compared), over the anchors whose context
+    (prompt and output up to the block's first token) is the same in both runs."""
     from dspark_demo.engine import read_draft_log
 
     a, b = (read_draft_log(log) for log in logs)
     equal = total = 0
-    for request in a.keys() & b.keys():
+    for index, prompt in enumerate(PROMPTS):
+        outputs = [run.token_ids[index] for run in runs]
+        same = next(
+            (i for i, (x, y) in enumerate(zip(*outputs, strict=True)) if x != y), len(outputs[0])
+        )
+        request = str(index)
         for anchor in a[request].keys() & b[request].keys():
-            x, y = a[request][anchor], b[request][anchor]
-            if x["anchor_token"] != y["anchor_token"]:
+            if anchor + 1 >= len(prompt) + same:
                 continue
-            equal += sum(s == t for s, t in zip(x["drafts"], y["drafts"], strict=True))
-            total += len(x["drafts"])
+            x, y = a[request][anchor]["drafts"], b[request][anchor]["drafts"]
+            equal += sum(s == t for s, t in zip(x, y, strict=True))
+            total += len(x)
     return equal, total
 
 
@@ -206,26 +267,31 @@ MAX_TOKENS = [64, 72, 80]
 
 @amx
 @pytest.mark.engine
-@pytest.mark.parametrize("kind", ["noisy", "random"])
-def test_quantised_draft_is_lossless_and_drafts_as_its_bf16_twin(
-    quantised_models, kind, tmp_path, record_property
-):
-    quantised, twin = quantised_models[kind]
-    logs = [tmp_path / "quantised.jsonl", tmp_path / "twin.jsonl"]
+def test_quantised_draft_is_lossless(quantised_models):
+    """The context-dependent oracle target, quantised: drafts both accepted and rejected, and
+    greedy output equal to plain decoding. (A random target is no test of this here: its near
+    ties flip with batch composition in plain decoding alone, quantised or bf16.)"""
+    quantised, _ = quantised_models["noisy"]
     plain = run_v4(quantised, PROMPTS, MAX_TOKENS)
-    run = run_v4(quantised, PROMPTS, MAX_TOKENS, dspark(K, dspark_draft_log=str(logs[0])))
+    run = run_v4(quantised, PROMPTS, MAX_TOKENS, dspark(K))
     assert run.token_ids == plain.token_ids
-    twin_run = run_v4(twin, PROMPTS, MAX_TOKENS, dspark(K, dspark_draft_log=str(logs[1])))
-    equal, total = draft_agreement(logs)
     accepted = run.metrics["vllm:spec_decode_num_accepted_tokens"]
-    drafted = run.metrics["vllm:spec_decode_num_draft_tokens"]
-    print(
-        f"{kind}: quantised accepted {accepted}/{drafted}; drafts equal to the twin's at "
-        f"{equal}/{total} draft tokens ({equal / total:.2%}); target outputs equal to the "
-        f"twin's: {twin_run.token_ids == plain.token_ids}"
-    )
-    record_property("draft_agreement", f"{equal}/{total}")
-    assert total >= 300
-    assert equal >= 0.99 * total
-    if kind == "noisy":  # the comparison of outputs means something: drafts hit and miss
-        assert 0 < accepted < drafted
+    assert 0 < accepted < run.metrics["vllm:spec_decode_num_draft_tokens"]
+
+
+@amx
+@pytest.mark.engine
+@pytest.mark.parametrize("kind", ["noisy", "random"])
+def test_quantised_draft_drafts_as_its_bf16_twin(quantised_models, kind, tmp_path):
+    """The oracle draft (its reads have wide margins) and a random one against their twins.
+    Every draft token of the random draft is an argmax among near ties, and its MoE sees the
+    bf16-level difference between vLLM's MXFP4 and unquantised MoE: it keeps a lower floor."""
+    logs = [tmp_path / "quantised.jsonl", tmp_path / "twin.jsonl"]
+    runs = [
+        run_v4(model, PROMPTS, MAX_TOKENS, dspark(K, dspark_draft_log=str(log)))
+        for model, log in zip(quantised_models[kind], logs, strict=True)
+    ]
+    equal, total = draft_agreement(logs, runs)
+    print(f"{kind}: drafts equal to the bf16 twin's at {equal}/{total} ({equal / total:.2%})")
+    assert total >= 200
+    assert equal >= (0.99 if kind == "noisy" else 0.85) * total
