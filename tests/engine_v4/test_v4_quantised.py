@@ -295,3 +295,19 @@ def test_quantised_draft_drafts_as_its_bf16_twin(quantised_models, kind, tmp_pat
     print(f"{kind}: drafts equal to the bf16 twin's at {equal}/{total} ({equal / total:.2%})")
     assert total >= 200
     assert equal >= (0.99 if kind == "noisy" else 0.85) * total
+
+
+def test_the_targets_own_quantization_is_not_refused_and_another_is():
+    """vLLM copies the target's quantization into the draft's speculative config; the V4 draft
+    is built with it. Any other value is refused by name."""
+    from vllm.v1.spec_decode.dspark.options import (
+        DEEPSEEK_V4_UNSUPPORTED,
+        refuse_unsupported_fields,
+    )
+
+    target = types.SimpleNamespace(quantization="deepseek_v4_fp8")
+    inherited = types.SimpleNamespace(quantization="deepseek_v4_fp8", target_model_config=target)
+    refuse_unsupported_fields(inherited, DEEPSEEK_V4_UNSUPPORTED)
+    other = types.SimpleNamespace(quantization="fp8", target_model_config=target)
+    with pytest.raises(ValueError, match=r"speculative_config\.quantization='fp8'"):
+        refuse_unsupported_fields(other, DEEPSEEK_V4_UNSUPPORTED)
