@@ -2,10 +2,12 @@
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from tests.engine_v4 import tiny_v4
 from tests.engine_v4.draft_build import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
+    CheckpointDraftTensors,
     DeepSeekV4DSparkConfig,
     DSparkCheckpointError,
     expected_draft_names,
@@ -19,8 +21,12 @@ def checkpoint():
 
 
 @pytest.fixture(scope="module")
-def vllm_config(tmp_path_factory, checkpoint):
-    model_dir = tiny_v4.save_v4_target(tmp_path_factory.mktemp("v4") / "target", checkpoint)
+def model_dir(tmp_path_factory, checkpoint):
+    return tiny_v4.save_v4_target(tmp_path_factory.mktemp("v4") / "target", checkpoint)
+
+
+@pytest.fixture(scope="module")
+def vllm_config(model_dir):
     return v4_vllm_config(model_dir)
 
 
@@ -33,7 +39,7 @@ def model(vllm_config):
 
 def load(model, vllm_config, weights):
     hf_config = vllm_config.speculative_config.draft_model_config.hf_config
-    load_deepseek_v4_draft(model, weights.items(), hf_config)
+    load_deepseek_v4_draft(model, weights, hf_config)
     return model
 
 
@@ -80,7 +86,7 @@ def test_any_missing_draft_tensor_fails_by_name(model, vllm_config, checkpoint):
             continue  # every name family, without all 64 experts of each stage
         partial = {k: v for k, v in checkpoint.items() if k != name}
         with pytest.raises(DSparkCheckpointError, match=rf"lacks 1 .*{name.replace('.', '[.]')}"):
-            load_deepseek_v4_draft(model, partial.items(), hf_config)
+            load_deepseek_v4_draft(model, partial, hf_config)
 
 
 def test_unknown_and_gapped_draft_tensors_fail_by_name(model, vllm_config, checkpoint):
@@ -89,16 +95,34 @@ def test_unknown_and_gapped_draft_tensors_fail_by_name(model, vllm_config, check
     with pytest.raises(
         DSparkCheckpointError, match=r"unknown .*mtp\.0\.ffn\.shared_experts\.w4\.weight"
     ):
-        load_deepseek_v4_draft(model, extra.items(), hf_config)
+        load_deepseek_v4_draft(model, extra, hf_config)
     gapped = {**checkpoint, "mtp.3.norm.weight": checkpoint["norm.weight"]}
     with pytest.raises(DSparkCheckpointError, match="contiguous"):
-        load_deepseek_v4_draft(model, gapped.items(), hf_config)
+        load_deepseek_v4_draft(model, gapped, hf_config)
     scaled = {**checkpoint, "mtp.0.attn.wq_b.scale": checkpoint["norm.weight"]}
     with pytest.raises(DSparkCheckpointError, match="does not exist"):
-        load_deepseek_v4_draft(model, scaled.items(), hf_config)
+        load_deepseek_v4_draft(model, scaled, hf_config)
 
 
 def test_the_target_tensors_are_not_the_drafts(model, vllm_config, checkpoint):
     """Only ``mtp.*`` is read: the draft loads without any of the target's own tensors."""
     load(model, vllm_config, {k: v for k, v in checkpoint.items() if k.startswith("mtp.")})
     assert model.confidence_head is not None
+
+
+def test_streamed_tensors_are_the_files_mtp_tensors(model, vllm_config, model_dir):
+    """``CheckpointDraftTensors`` lists only ``mtp.*`` names and reads each one as safetensors
+    itself does; the draft loads from it as from the tensors in memory."""
+    path = model_dir / "model.safetensors"
+    streamed = CheckpointDraftTensors([str(path)])
+    with safe_open(path, framework="pt") as f:
+        names = [n for n in f.keys() if n.startswith("mtp.")]  # noqa: SIM118
+        assert sorted(streamed) == sorted(names) and len(names) < len(list(f.keys()))
+        for name in names:
+            tensor = streamed[name]
+            assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, f.get_tensor(name)), name
+    load(model, vllm_config, streamed)
+    params = dict(model.named_parameters())
+    with safe_open(path, framework="pt") as f:
+        want = f.get_tensor("mtp.1.ffn.shared_experts.w2.weight")
+    assert torch.equal(params["backbone.stages.1.ffn.shared_experts.down_proj.weight"], want)

@@ -128,12 +128,18 @@ def random_v4_checkpoint(config: dict = TINY_V4_CONFIG, seed: int = 0) -> dict[s
 
 
 def save_v4_target(
-    model_dir: Path, checkpoint: dict[str, Tensor], config: dict = TINY_V4_CONFIG
+    model_dir: Path,
+    checkpoint: dict[str, Tensor],
+    config: dict = TINY_V4_CONFIG,
+    keep_dtypes: bool = False,
 ) -> Path:
-    """Write ``config.json``, ``model.safetensors`` (bf16) and a word-level tokenizer."""
+    """Write ``config.json``, ``model.safetensors`` (bf16, or each tensor's own dtype with
+    ``keep_dtypes``) and a word-level tokenizer."""
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = {k: v.to(torch.bfloat16).contiguous() for k, v in checkpoint.items()}
+    tensors = {
+        k: (v if keep_dtypes else v.to(torch.bfloat16)).contiguous() for k, v in checkpoint.items()
+    }
     save_file(tensors, str(model_dir / "model.safetensors"))
     build_tokenizer(model_dir)
     return model_dir
@@ -190,6 +196,13 @@ def oracle_v4_checkpoint(
     context-dependent target that mostly follows it). Draft: stage 0 reads the ring entry PERIOD
     positions back; everything else in the draft adds nothing (zero outputs, uniform mHC).
     ``period`` must lie in [k, sliding_window].
+
+    Every norm keeps a per-layer, non-unit weight, as trained ones have. Where the oracle's read
+    passes through a norm, the linear after it is divided by that weight (``_unscaled``), so the
+    read is what unit norms would give: the target's final norm into ``head``, ``attn_norm``
+    into ``wq_a``, ``q_norm`` into ``wq_b``, ``main_norm`` into ``wkv`` (the block's keys, which
+    the read does not attend to, keep a small per-dim scale), ``kv_norm`` into ``wo_a``; its
+    rotary dims keep one gain per RoPE pair, which keeps every score's peak at PERIOD.
     """
     ckpt = random_v4_checkpoint(config, seed)
     H, V, D, rd = (config[k] for k in ("hidden_size", "vocab_size", "head_dim", "qk_rope_head_dim"))
@@ -202,7 +215,8 @@ def oracle_v4_checkpoint(
     head = torch.zeros(V, H)
     for token in range(V):
         head[cycle_next(token, period, V), :-1] = embed[token, :-1]
-    ckpt |= {"embed.weight": embed, "head.weight": head, "norm.weight": torch.ones(H)}
+    ckpt["head.weight"] = _unscaled(head, ckpt["norm.weight"])
+    ckpt["embed.weight"] = embed
     for i in range(config["num_hidden_layers"]):
         for name in list(ckpt):
             if name.startswith(f"layers.{i}.") and name.endswith(("wo_b.weight", "w2.weight")):
@@ -221,11 +235,9 @@ def oracle_v4_checkpoint(
         for part in ("attn", "ffn"):
             ckpt[f"{p}hc_{part}_fn"] = torch.zeros_like(ckpt[f"{p}hc_{part}_fn"])
             ckpt[f"{p}hc_{part}_base"] = torch.zeros_like(ckpt[f"{p}hc_{part}_base"])
-        ckpt[p + "attn_norm.weight"] = torch.ones(H)
     last = f"mtp.{stages - 1}."
     ckpt[last + "hc_head_fn"] = torch.zeros(n, n * H)
     ckpt[last + "hc_head_base"] = torch.zeros(n)
-    ckpt[last + "norm.weight"] = torch.ones(H)
     ckpt[last + "markov_head.markov_w1.weight"] = torch.zeros_like(
         ckpt[last + "markov_head.markov_w1.weight"]
     )
@@ -233,12 +245,12 @@ def oracle_v4_checkpoint(
     p = "mtp.0."
     eye = torch.eye(H)
     ckpt[p + "main_proj.weight"] = torch.cat([eye, torch.zeros(H, (stages - 1) * H)], dim=1)
-    ckpt[p + "main_norm.weight"] = torch.ones(H)
     wkv = torch.zeros(D, H)
     wkv[: H - 1, : H - 1] = torch.eye(H - 1)
     wkv[D - rd :, H - 1] = key_rope
-    kv_norm = torch.ones(D)
-    kv_norm[D - rd :] = _KEY_GAIN
+    kv_norm = ckpt[p + "attn.kv_norm.weight"].clone()
+    pair_gain = 1.0 + 0.1 * torch.randn(rd // 2, generator=g)
+    kv_norm[D - rd :] = _KEY_GAIN * pair_gain.repeat_interleave(2)
     wq_b = torch.zeros(heads * D, H)
     for h in range(heads):
         wq_b[h * D + D - rd : (h + 1) * D, H - 1] = query_rope
@@ -247,13 +259,18 @@ def oracle_v4_checkpoint(
     wo_b = torch.zeros(H, groups * o_lora)
     wo_b[: H - 1, : H - 1] = _OUTPUT_GAIN * torch.eye(H - 1)
     ckpt |= {
-        p + "attn.wq_a.weight": eye,
-        p + "attn.q_norm.weight": torch.ones(H),
-        p + "attn.wq_b.weight": wq_b,
-        p + "attn.wkv.weight": wkv,
+        p + "attn.wq_a.weight": _unscaled(eye, ckpt[p + "attn_norm.weight"]),
+        p + "attn.wq_b.weight": _unscaled(wq_b, ckpt[p + "attn.q_norm.weight"]),
+        p + "attn.wkv.weight": _unscaled(wkv, ckpt[p + "main_norm.weight"]),
         p + "attn.kv_norm.weight": kv_norm,
         p + "attn.attn_sink": torch.full((heads,), -30.0),
-        p + "attn.wo_a.weight": wo_a,
+        p + "attn.wo_a.weight": _unscaled(wo_a, torch.cat([kv_norm[: D - rd], torch.ones(rd)])),
         p + "attn.wo_b.weight": wo_b,
     }
     return ckpt
+
+
+def _unscaled(linear: Tensor, norm_weight: Tensor) -> Tensor:
+    """``linear`` whose input channels are divided by the norm weight before it (for a grouped
+    linear, the weight of one group's input): the pair gives what a unit norm would."""
+    return linear / norm_weight.repeat(linear.shape[1] // norm_weight.numel())

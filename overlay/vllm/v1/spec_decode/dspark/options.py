@@ -33,9 +33,14 @@ PAGED_PROPOSER_UNSUPPORTED: Mapping[str, str] = {
 through vLLM's own draft config (attention backend, KV-cache dtype, MoE backend, eager)."""
 
 DEEPSEEK_V4_UNSUPPORTED: Mapping[str, str] = {
-    "quantization": "the DeepSeek-V4 draft layers are built unquantized in the draft's dtype",
+    "quantization": "the DeepSeek-V4 draft layers are built with the target's quantization, "
+    "in which the checkpoint ships their mtp.* tensors",
 }
 """Further fields refused for DeepSeek-V4 drafts (Qwen3 drafts honour ``quantization``)."""
+
+TARGET_INHERITED_FIELDS = ("quantization",)
+"""Fields vLLM copies from the target when unset (``SpeculativeConfig.__post_init__``): set to
+the target's own value they are no choice of the user's, and are not refused."""
 
 
 OTHER_METHODS_FIELDS = (
@@ -61,9 +66,11 @@ def refuse_other_methods_fields(speculative_config) -> None:
 
 def refuse_unsupported_fields(speculative_config, unsupported: Mapping[str, str]) -> None:
     """Raise naming the first field of ``unsupported`` that is set (not None, False or "auto")."""
+    target = getattr(speculative_config, "target_model_config", None)
     for name, why in unsupported.items():
         value = getattr(speculative_config, name, None)
-        if value not in (None, False, "auto"):
+        inherited = getattr(target, name, None) if name in TARGET_INHERITED_FIELDS else None
+        if value not in (None, False, "auto", inherited):
             raise ValueError(
                 f"speculative_config.{name}={value!r} is not supported by DSpark on vLLM's "
                 f"V1 model runner: {why}. Remove {name}."

@@ -38,6 +38,7 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     build_deepseek_v4_draft_model,
+    checkpoint_draft_tensors,
     load_deepseek_v4_draft,
 )
 from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
@@ -344,9 +345,8 @@ class DSparkRingProposer(EagleProposer):
             torch.device(self.device),
         ):
             model = build_deepseek_v4_draft_model(self.vllm_config)
-        load_deepseek_v4_draft(
-            model, loader.get_all_weights(self.draft_model_config, model), config
-        )
+        weights = checkpoint_draft_tensors(loader, self.draft_model_config)
+        load_deepseek_v4_draft(model, weights, config)
         return model
 
     def _validate_block_size(self, config) -> None:

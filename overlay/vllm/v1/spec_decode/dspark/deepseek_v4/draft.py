@@ -1,7 +1,7 @@
 """The DeepSeek-V4 DSpark draft: the V4 backbone inside the shared ``DSparkDraftModel``."""
 
 import types
-from collections.abc import Iterable
+from collections.abc import Mapping
 
 from torch import Tensor
 from transformers import PretrainedConfig
@@ -44,9 +44,9 @@ def build_deepseek_v4_draft_model(
 
 
 def load_deepseek_v4_draft(
-    model: DSparkDraftModel, weights: Iterable[tuple[str, Tensor]], hf_config: PretrainedConfig
+    model: DSparkDraftModel, weights: Mapping[str, Tensor], hf_config: PretrainedConfig
 ) -> None:
-    """Loads the draft from the whole target checkpoint's tensors, strictly, as shipped."""
+    """Loads the draft from the target checkpoint's tensors by name, strictly, as shipped."""
     assert isinstance(model.backbone, DeepSeekV4DSparkBackbone)
     load_draft_weights(
         model, model.backbone.config, weights, getattr(hf_config, "expert_dtype", "fp4")

@@ -6,6 +6,11 @@ and every ``mtp.*`` name must be understood, or start-up fails naming the tensor
 shipped (FP8 block-scaled linears, MXFP4 or FP8 routed experts, with their ``.scale``) through the
 ``weight_loader`` of the vLLM layer that owns them; nothing is dequantised here.
 
+The tensors stream from the target's safetensors files (``CheckpointDraftTensors``): the names
+come from the file headers, and each ``mtp.*`` tensor is read when its parameter is filled and
+dropped after, so loading holds one tensor beyond the draft's parameters and never reads the
+target's own tensors.
+
 Checkpoint name (``mtp.{s}.`` prefix) -> draft parameter (``backbone.stages.{s}.`` prefix):
 - ``attn.wq_a`` / ``attn.wkv`` -> shards 0 / 1 of ``attn.fused_wqa_wkv``;
 - ``attn.wo_a`` -> ``attn.wo_a.{g}`` (rows of output group g, one linear per group);
@@ -18,15 +23,21 @@ Checkpoint name (``mtp.{s}.`` prefix) -> draft parameter (``backbone.stages.{s}.
 - the last stage's ``markov_head.*`` / ``confidence_head.*`` -> the draft model's heads.
 """
 
+import json
 import re
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+import struct
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from vllm.config import ModelConfig
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_mapping
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 from .config import DeepSeekV4DSparkConfig
@@ -36,6 +47,10 @@ if TYPE_CHECKING:
 
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
 _EXPERT_NAME = re.compile(r"ffn\.experts\.\d+\.w[123]\.(weight|scale)")
+_QUANTISED = re.compile(
+    r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123]"
+    r"|main_proj)\.weight"
+)
 _HEAD_PREFIXES = ("markov_head.", "confidence_head.")
 _STACKED = {
     "attn.wq_a": ("attn.fused_wqa_wkv", 0),
@@ -46,14 +61,122 @@ _STACKED = {
 _RENAMES = {"ffn.shared_experts.w2": "ffn.shared_experts.down_proj"}
 _EXACT_RENAMES = {"ffn.gate.bias": "ffn.gate.e_score_correction_bias"}
 _SHOWN_NAMES = 20
+_SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
+
+
+# safetensors header dtype names (https://github.com/huggingface/safetensors, format.md).
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E8M0": torch.float8_e8m0fnu,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
 
 
 class DSparkCheckpointError(ValueError):
     """The checkpoint's draft tensors do not match the draft the config describes."""
 
 
-def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) -> list[str]:
-    """Every ``mtp.*`` tensor (``.scale`` companions aside) the draft of ``config`` needs."""
+class _TensorEntry(NamedTuple):
+    path: Path
+    start: int
+    end: int
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class CheckpointDraftTensors(Mapping[str, Tensor]):
+    """The ``mtp.*`` tensors of safetensors files, each read from disk when looked up.
+
+    Only the headers are read up front. A lookup reads that tensor's bytes with a plain file read
+    into a fresh tensor (no memory map, whose touched pages would stay in the process's resident
+    set until the file closes), so the caller holds it alone and frees it by dropping it.
+    Iteration follows the files and their byte order.
+    """
+
+    def __init__(self, files: list[str]) -> None:
+        self._entries: dict[str, _TensorEntry] = {}
+        for file in sorted(files):
+            path = Path(file)
+            with path.open("rb") as f:
+                (header_size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(header_size))
+            header.pop("__metadata__", None)
+            entries = sorted(
+                (info["data_offsets"][0], name, info)
+                for name, info in header.items()
+                if name.startswith("mtp.")
+            )
+            data_start = 8 + header_size
+            for start, name, info in entries:
+                self._entries[name] = _TensorEntry(
+                    path,
+                    data_start + start,
+                    data_start + info["data_offsets"][1],
+                    info["dtype"],
+                    tuple(info["shape"]),
+                )
+
+    def __getitem__(self, name: str) -> Tensor:
+        entry = self._entries[name]
+        data = torch.empty(entry.end - entry.start, dtype=torch.uint8)
+        with entry.path.open("rb", buffering=0) as f:
+            f.seek(entry.start)
+            view = memoryview(data.numpy())
+            while view:
+                read = f.readinto(view)
+                if not read:
+                    raise DSparkCheckpointError(f"{entry.path} ends inside tensor {name}")
+                view = view[read:]
+        return data.view(_SAFETENSORS_DTYPES[entry.dtype]).view(entry.shape)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def checkpoint_draft_tensors(
+    model_loader: BaseModelLoader, model_config: ModelConfig
+) -> CheckpointDraftTensors:
+    """The target checkpoint's ``mtp.*`` tensors, from the safetensors files vLLM's loader picks
+    (local folder or hub cache, index-listed shards only)."""
+    if not isinstance(model_loader, DefaultModelLoader):
+        raise ValueError(
+            f"the DeepSeek-V4 DSpark draft loads from safetensors files; load_format "
+            f"{model_loader.load_config.load_format!r} gives none. Use load_format 'auto' or "
+            "'safetensors'."
+        )
+    _, files, use_safetensors, _ = model_loader._prepare_weights(
+        model_config.model,
+        None,
+        model_config.revision,
+        fall_back_to_pt=False,
+        allow_patterns_overrides=None,
+    )
+    if not use_safetensors:
+        raise ValueError(
+            f"{model_config.model} has no safetensors files: the DeepSeek-V4 DSpark draft "
+            "loads only from safetensors."
+        )
+    return CheckpointDraftTensors(files)
+
+
+def expected_draft_names(
+    config: DeepSeekV4DSparkConfig, with_confidence: bool, quantised: bool = False
+) -> list[str]:
+    """Every ``mtp.*`` tensor the draft of ``config`` needs; with ``quantised``, also the
+    ``.scale`` of every block-FP8 linear and routed expert (V4-Flash's quantised set)."""
     per_stage = [
         *(f"attn.{w}.weight" for w in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b", "q_norm", "kv_norm")),
         "attn.attn_sink",
@@ -80,6 +203,10 @@ def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) 
             rest += ["markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
             if with_confidence:
                 rest.append("confidence_head.proj.weight")
+        if quantised:
+            rest += [
+                f"{name[: -len('.weight')]}.scale" for name in rest if _QUANTISED.fullmatch(name)
+            ]
         names += [f"mtp.{stage}.{r}" for r in rest]
     return names
 
@@ -87,31 +214,36 @@ def expected_draft_names(config: DeepSeekV4DSparkConfig, with_confidence: bool) 
 def load_draft_weights(
     model: "DSparkDraftModel",
     config: DeepSeekV4DSparkConfig,
-    weights: Iterable[tuple[str, Tensor]],
+    weights: Mapping[str, Tensor],
     expert_dtype: str = "fp4",
 ) -> None:
-    """Fills every draft parameter from the target checkpoint's ``mtp.*`` tensors.
+    """Fills every draft parameter from the target checkpoint's ``mtp.*`` tensors, looking up
+    one tensor at a time (``weights`` may read each from disk, see ``CheckpointDraftTensors``).
 
     Raises ``DSparkCheckpointError`` naming missing or unknown tensors before anything is copied.
     """
-    draft = {name: tensor for name, tensor in weights if name.startswith("mtp.")}
+    draft = [name for name in weights if name.startswith("mtp.")]
     _check_stages(draft, config.num_stages)
-    expected = expected_draft_names(config, with_confidence=model.confidence_head is not None)
+    quantised = any(name.endswith(_SCALE_SUFFIXES) for name, _ in model.named_parameters())
+    expected = expected_draft_names(
+        config, with_confidence=model.confidence_head is not None, quantised=quantised
+    )
     confidence_prefix = f"mtp.{config.num_stages - 1}.confidence_head."
     if model.confidence_head is not None and not any(
         name.startswith(confidence_prefix) for name in draft
     ):
         # The head is enabled in config.json but not shipped: run without it (as upstream does).
         model.confidence_head = None
-        expected = expected_draft_names(config, with_confidence=False)
-    scales = {n for n in draft if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in draft}
-    unknown = sorted(set(draft) - set(expected) - scales)
+        expected = expected_draft_names(config, with_confidence=False, quantised=quantised)
+    names = set(draft)
+    scales = {n for n in names if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in names}
+    unknown = sorted(names - set(expected) - scales)
     if unknown:
         raise DSparkCheckpointError(
             f"{len(unknown)} unknown draft tensor(s) in the checkpoint: {_show(unknown)}. The "
             "checkpoint does not match this DeepSeek-V4 DSpark draft (wrong model or config)."
         )
-    missing = [name for name in expected if name not in draft]
+    missing = [name for name in expected if name not in names]
     if missing:
         raise DSparkCheckpointError(
             f"the checkpoint lacks {len(missing)} DeepSeek-V4 DSpark draft tensor(s): "
@@ -121,8 +253,8 @@ def load_draft_weights(
 
     params = dict(model.named_parameters())
     loader = _ParameterLoader(model, config, params, expert_dtype)
-    for name in sorted(draft):
-        loader.load(name, draft[name])
+    for name in draft:
+        loader.load(name, weights[name])
     unfilled = sorted(set(params) - loader.filled)
     if unfilled:  # a gap in this module's name mapping, never a user error
         raise AssertionError(f"draft parameters left unloaded: {_show(unfilled)}")
@@ -231,7 +363,7 @@ class _ParameterLoader:
         raise AssertionError(f"no fused-MoE mapping for {name}")
 
 
-def _check_stages(draft: dict[str, Tensor], num_stages: int) -> None:
+def _check_stages(draft: list[str], num_stages: int) -> None:
     stages = sorted({int(m.group(1)) for m in map(_STAGE_NAME.fullmatch, draft) if m})
     if stages != list(range(len(stages))):
         raise DSparkCheckpointError(
