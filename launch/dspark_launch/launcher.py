@@ -98,7 +98,9 @@ class Launcher:
                 status = {"state": f"unreadable ({result.last_error_line})", "digest": None}
             statuses[role] = status
             if status.get("state") != "installed" or result.rc != 0:
-                message = f"{rank.label}: the DSpark patch is {status.get('state')}"
+                message = f"{rank.label}: the DSpark patch is {status.get('state')}" + (
+                    f" ({status['error']})" if status.get("error") else ""
+                )
                 if required:
                     raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
                 self.runner.say(f"    note: {message}; fine for speculative: none")
