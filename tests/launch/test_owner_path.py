@@ -15,7 +15,6 @@ import yaml
 from launch_testlib import REPO, write_yaml
 
 from dspark_launch.render import NodePlan, parse_env_file
-from dspark_launch.schema import LINE_BREAKS
 
 LAUNCHER = REPO / "launch" / "dspark-launch"
 IMAGE_ID = "sha256:" + "c" * 64
@@ -152,11 +151,16 @@ def test_output_into_a_closed_pipe_is_quiet(fake_cluster):
 
 
 def test_the_line_break_rule_is_every_character_splitlines_splits_on():
+    from dspark_launch.schema import LINE_BREAKS
+
     splitting = {chr(c) for c in range(0x110000) if len(f"a{chr(c)}b".splitlines()) > 1}
     assert set(LINE_BREAKS) == splitting
 
 
-@pytest.mark.parametrize("char", sorted(LINE_BREAKS | {"\0"}))
+SPLITTING = sorted({chr(c) for c in range(0x3000) if len(f"a{chr(c)}b".splitlines()) > 1})
+
+
+@pytest.mark.parametrize("char", [*SPLITTING, "\0"])
 def test_env_values_and_secrets_with_any_line_break_are_refused(fake_cluster, cli, char):
     site = yaml.safe_load(fake_cluster.site.read_text())
     site["secrets"]["api_key"] = f"abc{char}VLLM_LOGGING_LEVEL=DEBUG"
@@ -173,6 +177,25 @@ def test_the_env_file_reads_back_what_docker_reads(tmp_path):
     with pytest.raises(ValueError, match="line break"):
         NodePlan(None, (), {"A": "abc\u2028B=1"}, frozenset()).env_file_text()  # type: ignore[arg-type]
     assert parse_env_file("A=abc\u2028B=1\n") == {"A": "abc\u2028B=1"}
+
+
+def test_the_runbook_site_file_is_valid(tmp_path):
+    """docs/dgx-spark.md's complete example loads with the shipped profile."""
+    from dspark_launch.profile import load_profile, resolve_profile_path
+    from dspark_launch.site import check_compatible, load_site
+
+    runbook = (REPO / "docs" / "dgx-spark.md").read_text()
+    example = runbook.split("## 6. The site file")[1].split("```yaml\n")[1].split("```")[0]
+    key = tmp_path / "api-key"
+    key.write_text("sk-example\n")
+    key.chmod(0o600)
+    example = example.replace("sha256:<64 hex image ID, or NAME@sha256:<repo digest>>", IMAGE_ID)
+    example = example.replace("/home/dgx/.config/dspark/api-key", str(key))
+    site_path = tmp_path / "site.yaml"
+    site_path.write_text(example)
+    site = load_site(site_path)
+    check_compatible(site, load_profile(resolve_profile_path(site.profile, tmp_path)))
+    assert site.image == IMAGE_ID and site.worker.ssh == "dgx@spark-b"
 
 
 # item 7: local-mode state the launcher can trust ---------------------------------------------
