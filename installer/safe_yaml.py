@@ -1,11 +1,12 @@
 """One bounded YAML reader for every config file the project reads: the launcher's site file and
 profiles, the image entrypoint's `--config` check and `recipe/pins.yaml`.
 
-PyYAML alone hangs on an alias bomb (and on printing one), recurses until `RecursionError` on
-deep nesting, keeps the last of two equal keys and raises `UnicodeDecodeError` on bytes that are
-not UTF-8. This reader refuses all of these with a one-line `YamlError` naming the file, and no
-message it raises quotes more than `MAX_SHOWN` characters of the file. Standard library and
-PyYAML only: the installer, the launcher and the image's entrypoint all import it.
+PyYAML alone loads an alias bomb into a small shared graph that hangs whatever walks or prints
+it, recurses until `RecursionError` on deep nesting, keeps the last of two equal keys and raises
+`UnicodeDecodeError` on bytes that are not UTF-8. This reader refuses all of these with a
+one-line `YamlError` naming the file, and no message it raises quotes more than `MAX_SHOWN`
+characters of the file. Standard library and PyYAML only: the installer, the launcher and the
+image's entrypoint all import it.
 """
 
 from __future__ import annotations
@@ -71,13 +72,14 @@ class _BoundedLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             try:
-                first = lines.setdefault(key, line)
+                first = lines.get(key)
             except TypeError:  # an unhashable key; SafeLoader reports it below
                 continue
-            if first != line:
+            if first is not None:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {shown(key)} appears twice: line {first} and line {line}"
                 )
+            lines[key] = line
         return super().construct_mapping(node, deep=deep)
 
 

@@ -24,6 +24,7 @@ HOSTILE = {
     "a list": (b"[1, 2]\n", "must be a YAML mapping of keys to values, not a list"),
     "empty": (b"", "not an empty file"),
     "duplicate key": (b"a: 1\nb: 2\na: 3\n", "key 'a' appears twice: line 1 and line 3"),
+    "duplicate key on one line": (b"a: {b: 1, b: 2}\n", "key 'b' appears twice: line 1 and line 1"),
     "too big": (b"a: '" + b"x" * MAX_BYTES + b"'\n", f"larger than {MAX_BYTES} bytes"),
     "byte-order mark": (b"\xef\xbb\xbfa: 1\n", "byte-order mark"),
     "CRLF": (b"a: 1\r\n", "carriage return"),
