@@ -12,6 +12,7 @@ from transformers import PretrainedConfig
 
 from vllm.v1.spec_decode.dspark.options import (
     check_block_size,
+    check_draft_flags,
     check_draft_log,
     check_qwen3_draft_config,
     check_safetensors_files,
@@ -27,11 +28,12 @@ def qwen3_draft(**values) -> PretrainedConfig:
 
 def check(config: PretrainedConfig) -> None:
     check_block_size(config)
+    check_draft_flags(config)
     check_qwen3_draft_config(config, target_vocab_size=VOCAB, target_hidden_size=HIDDEN)
 
 
 def test_a_valid_config_passes():
-    check(qwen3_draft(block_size=7))  # -1 (the embeddings) is a documented tap
+    check(qwen3_draft(block_size=7, markov_rank=8, sample_from_anchor=False))  # -1: embeddings
     check(qwen3_draft(dflash_config={"mask_token_id": VOCAB - 1, "target_layer_ids": [1]}))
     check(qwen3_draft(mask_token_id=None, target_hidden_size=HIDDEN, hidden_size=32))
 
@@ -51,11 +53,16 @@ def test_a_valid_config_passes():
         ({"target_layer_ids": ["0", 1]}, "target_layer_ids=['0', 1] is not a list of integer"),
         ({"target_layer_ids": 3}, "target_layer_ids=3 is not a list"),
         ({"hidden_size": 32}, "target features of width 32"),
+        ({"sample_from_anchor": "false"}, "sample_from_anchor='false' is not a boolean"),
+        ({"enable_confidence_head": 1}, "enable_confidence_head=1 is not a boolean"),
+        ({"confidence_head_with_markov": "yes"}, "confidence_head_with_markov='yes'"),
+        ({"markov_rank": 0}, "markov_rank=0 is not a positive integer"),
+        ({"markov_rank": 2.5}, "markov_rank=2.5 is not a positive integer"),
         ({"target_hidden_size": 128}, "target features of width 128"),
     ],
 )
 def test_bad_values_are_refused_naming_field_value_and_fix(values, message):
-    with pytest.raises(ValueError, match=r"Set it|List the|Use the") as caught:
+    with pytest.raises(ValueError, match=r"Set it|List the|Use the|Write true") as caught:
         check(qwen3_draft(**values))
     assert message in str(caught.value) and "\n" not in str(caught.value)
 

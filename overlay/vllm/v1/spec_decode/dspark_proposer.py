@@ -11,6 +11,7 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, is_deepseek_v4_dspark
 from vllm.v1.spec_decode.dspark.options import (
     check_block_size,
+    check_draft_flags,
     check_qwen3_draft_config,
     check_safetensors_files,
 )
@@ -51,6 +52,7 @@ def check_draft(vllm_config: VllmConfig, family: str) -> None:
     draft_model_config = vllm_config.speculative_config.draft_model_config
     config = draft_model_config.hf_config
     check_block_size(config)
+    check_draft_flags(config)
     if family == "qwen3":
         check_qwen3_draft_config(
             config,

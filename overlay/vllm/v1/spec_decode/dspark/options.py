@@ -196,6 +196,28 @@ def check_block_size(config: object) -> None:
             )
 
 
+DRAFT_FLAGS = ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov")
+"""Draft-config switches read with ``getattr``: a string "false" would read as true."""
+
+
+def check_draft_flags(config: object) -> None:
+    """The block layout and confidence-head switches, when present, are booleans, and
+    ``markov_rank`` a positive integer."""
+    for key in DRAFT_FLAGS:
+        value = getattr(config, key, None)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"The DSpark draft config's {key}={value!r} is not a boolean. Write true or "
+                "false (JSON), as the draft was trained."
+            )
+    rank = getattr(config, "markov_rank", None)
+    if rank is not None and (not _is_int(rank) or rank < 1):
+        raise ValueError(
+            f"The DSpark draft config's markov_rank={rank!r} is not a positive integer. Set it "
+            "to the rank of the checkpoint's markov_head weights."
+        )
+
+
 def check_qwen3_draft_config(
     config: object, *, target_vocab_size: int, target_hidden_size: int
 ) -> None:
