@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 try:
-    from installer import commands
+    import json
+    import os
+
+    from installer import commands, faults
     from installer.errors import ExitCode, InstallerError
     from installer.vllm_tree import locate
 except ModuleNotFoundError as missing:  # pyyaml or packaging: both are vLLM dependencies
@@ -69,20 +72,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.force and not args.uninstall:
         parser.error("--force needs --uninstall")
     try:
+        faults.check_env()
+    except faults.FaultSpecError as error:
+        parser.error(str(error))
+    try:
         tree = locate(args.vllm_path)
         if args.status:
             status = commands.status(tree, PROJECT)
             print(status.to_json() if args.json else status.to_text())
+            sys.stdout.flush()  # here, so that a closed pipe is handled below
             return status.exit_code
         if args.uninstall:
             return commands.uninstall(tree, PROJECT, args.force)
         return commands.install(tree, PROJECT, args.dry_run)
-    except InstallerError as error:
-        print(f"install.py: error: {error}", file=sys.stderr)
-        return error.exit_code
-    except OSError as error:
-        print(f"install.py: error: {error}", file=sys.stderr)
+    except BrokenPipeError:
+        # A reader such as `head` left: stop quietly, and let no flush at exit complain.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return ExitCode.FAILED
+    except InstallerError as error:
+        return _fail(str(error), error.exit_code, args.status and args.json)
+    except OSError as error:
+        return _fail(str(error), ExitCode.FAILED, args.status and args.json)
     except KeyboardInterrupt:
         # Inside a commit, commit() rolls back and reports an InstallerError instead; outside
         # one nothing was written beyond vllm/.dspark-install, which the next run sweeps.
@@ -92,6 +102,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return ExitCode.FAILED
+
+
+def _fail(message: str, code: ExitCode, as_json: bool) -> int:
+    """Report on stderr; `--status --json` readers (the launcher, the image check) also get a
+    JSON answer on stdout, with the state "error"."""
+    print(f"install.py: error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"state": "error", "error": message, "exit_code": int(code)}))
+    return code
 
 
 if __name__ == "__main__":

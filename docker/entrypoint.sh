@@ -41,22 +41,22 @@ refuse_bind_option() {
     fi
 }
 
-# The top-level keys of a `--config` YAML file: vLLM turns each KEY into an option --KEY.
+# The top-level keys of a `--config` YAML file: vLLM turns each KEY into an option --KEY. Read
+# with the project's bounded YAML reader (installer/safe_yaml.py, beside this script's directory).
+project_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 config_keys() {
-    python3 - "$1" <<'PYTHON'
+    python3 - "$project_dir" "$1" <<'PYTHON'
 import sys
+from pathlib import Path
 
-import yaml
+sys.path.insert(0, sys.argv[1])
+from installer.safe_yaml import YamlError, cut, load_mapping
 
-path = sys.argv[1]
 try:
-    with open(path) as handle:
-        config = yaml.safe_load(handle)
-except (OSError, yaml.YAMLError) as error:
-    sys.exit(f"dspark entrypoint: --config {path}: cannot read it: {' '.join(str(error).split())}")
-if not isinstance(config, dict):
-    sys.exit(f"dspark entrypoint: --config {path}: not a YAML mapping of option: value")
-print("\n".join(str(key) for key in config))
+    config = load_mapping(Path(sys.argv[2]))
+except YamlError as error:
+    sys.exit(f"dspark entrypoint: --config {error}")
+print("\n".join(cut(str(key)) for key in config))
 PYTHON
 }
 

@@ -19,6 +19,29 @@ KILLED_EXIT = 137  # what a shell reports for SIGKILL
 _steps_reached = 0
 
 
+class FaultSpecError(ValueError):
+    """DSPARK_INSTALL_FAIL_AT is malformed."""
+
+
+def _faults() -> dict[str, str]:
+    text = os.environ.get(FAIL_AT_ENV, "")
+    faults = {}
+    for item in filter(None, text.split(",")):
+        step, _, kind = item.partition(":")
+        if not step.isdigit() or kind not in ("ENOSPC", "SIGINT"):
+            raise FaultSpecError(
+                f"{FAIL_AT_ENV}={text[:80]!r}: expected N:KIND[,N:KIND...] with KIND ENOSPC "
+                f"or SIGINT; unset it (it is a test hook)"
+            )
+        faults[step] = kind
+    return faults
+
+
+def check_env() -> None:
+    """Refuse a malformed fault spec before anything is written."""
+    _faults()
+
+
 def checkpoint(label: str) -> None:
     global _steps_reached
     _steps_reached += 1
@@ -26,8 +49,7 @@ def checkpoint(label: str) -> None:
         sys.stderr.write(f"{KILL_AT_ENV}: killed at step {_steps_reached} ({label})\n")
         sys.stderr.flush()
         os._exit(KILLED_EXIT)
-    faults = dict(item.split(":", 1) for item in os.environ.get(FAIL_AT_ENV, "").split(",") if item)
-    kind = faults.get(str(_steps_reached))
+    kind = _faults().get(str(_steps_reached))
     if kind == "ENOSPC":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), label)
     if kind == "SIGINT":

@@ -12,6 +12,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from installer.errors import BadTarget, InstallerError, Refused
+from installer.safe_yaml import YamlError, load_mapping
 
 PINS_FILE = Path("recipe") / "pins.yaml"
 SCHEMA = 1
@@ -77,9 +78,9 @@ def patch_files(project: Path, version: str) -> list[Path]:
 def load(project: Path) -> Pins:
     path = project / PINS_FILE
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as error:
-        raise PinsError(f"cannot read {path}: {error}") from error
+        document = load_mapping(path)
+    except YamlError as error:
+        raise PinsError(f"{error}. Regenerate it with tools/refresh_pins.py.") from None
     try:
         return _parse(document, project)
     except (KeyError, TypeError, ValueError) as error:
@@ -117,13 +118,16 @@ def _parse(document: object, project: Path) -> Pins:
     assert isinstance(document, dict)
     if document["schema"] != SCHEMA:
         raise ValueError(f"schema is {document['schema']!r}, this installer reads {SCHEMA}")
-    overlay = tuple(_tree_path(path, "overlay entry") for path in document["overlay"] or ())
+    overlay = tuple(
+        _tree_path(path, "overlay entry") for path in _typed(document, "overlay", list, "")
+    )
     for path in overlay:
         if not (project / "overlay" / path).is_file():
             raise ValueError(f"overlay file overlay/{path} does not exist")
     _require_unique(overlay, "overlay entry")
     versions = tuple(
-        _parse_version(str(name), body, project) for name, body in document["versions"].items()
+        _parse_version(str(name), body, project)
+        for name, body in _typed(document, "versions", dict, "").items()
     )
     if not versions:
         raise ValueError("no supported vLLM versions are listed")
@@ -134,10 +138,15 @@ def _parse_version(name: str, body: object, project: Path) -> VersionPins:
     Version(name)  # raises InvalidVersion, a ValueError
     _require_keys(body, {"distributions", "patches"}, f"version {name}")
     assert isinstance(body, dict)
-    distributions = tuple(_normalize(str(dist)) for dist in body["distributions"])
+    where = f"version {name} "
+    distributions = tuple(
+        _normalize(str(dist)) for dist in _typed(body, "distributions", list, where)
+    )
     if not distributions:
         raise ValueError(f"version {name} lists no distributions")
-    patches = tuple(_parse_patch(entry, name, project) for entry in body["patches"] or ())
+    patches = tuple(
+        _parse_patch(entry, name, project) for entry in _typed(body, "patches", list, where)
+    )
     _require_unique(tuple(patch.patch for patch in patches), f"version {name} patch")
     return VersionPins(name, distributions, patches)
 
@@ -157,6 +166,16 @@ def _parse_patch(entry: object, version: str, project: Path) -> PatchPin:
     return PatchPin(
         _tree_path(entry["target"], where), patch, entry["pre_sha256"], entry["post_sha256"]
     )
+
+
+def _typed(document: dict, key: str, kind: type, where: str) -> list | dict:
+    """`document[key]` (None: empty) when it is a `kind`; a TypeError naming it otherwise."""
+    value = document[key]
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise TypeError(f"{where}{key} must be a {'mapping' if kind is dict else 'list'}")
+    return value
 
 
 def _tree_path(value: object, what: str) -> str:

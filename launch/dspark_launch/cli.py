@@ -8,19 +8,29 @@ import sys
 from pathlib import Path
 
 from dspark_launch.errors import ConfigError, ExitCode, LaunchError
-from dspark_launch.launcher import Launcher
-from dspark_launch.profile import load_profile, resolve_profile_path
-from dspark_launch.runner import Runner
-from dspark_launch.site import check_compatible, load_site
 
+MAX_LOG_LINES = 1_000_000
 EPILOG = """\
 exit codes:
   0  ok
   1  failure: a check failed, a rank exited or restarted, a node is unreachable,
      the server did not become healthy, or stop could not confirm a rank is gone
-  2  bad configuration (site file or profile); nothing was run
+  2  bad configuration (site file, profile or state_dir), or PyYAML missing;
+     nothing was run
   3  already running (start only; both ranks are up)
 """
+
+
+def _line_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_LOG_LINES:
+        raise argparse.ArgumentTypeError(
+            f"{text[:20]!r} is not a line count from 1 to {MAX_LOG_LINES}"
+        )
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("status", help="show both ranks and the API (exit 0 only when healthy)")
     logs = commands.add_parser("logs", help="print the ranks' recent log lines")
     logs.add_argument("--node", choices=("head", "worker", "both"), default="both")
-    logs.add_argument("-n", "--lines", type=int, default=100)
+    logs.add_argument("-n", "--lines", type=_line_count, default=100, help="lines per rank, N >= 1")
     return parser
 
 
@@ -61,6 +71,12 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.site is None:
         empty = " (DSPARK_SITE is set but empty)" if "DSPARK_SITE" in os.environ else ""
         raise ConfigError(f"no site file{empty}: pass --site FILE or set DSPARK_SITE")
+    # Imported here so that `--help` and the missing-PyYAML message need no PyYAML.
+    from dspark_launch.launcher import Launcher
+    from dspark_launch.profile import load_profile, resolve_profile_path
+    from dspark_launch.runner import Runner
+    from dspark_launch.site import check_compatible, load_site
+
     site = load_site(args.site)
     profile = load_profile(resolve_profile_path(site.profile, site.path.parent))
     check_compatible(site, profile)
@@ -81,10 +97,32 @@ def run(args: argparse.Namespace) -> ExitCode:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # here, so that a closed pipe is handled below, not at exit
+        return code
     except LaunchError as e:
-        print(f"dspark-launch {args.command}: {e}", file=sys.stderr)
-        return e.exit_code
+        return _fail(args.command, str(e), e.exit_code)
     except KeyboardInterrupt:
-        print(f"dspark-launch {args.command}: interrupted", file=sys.stderr)
+        return _fail(args.command, "interrupted", ExitCode.FAILURE)
+    except BrokenPipeError:
+        # A reader such as `head` left: stop quietly, and let no flush at exit complain.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
         return ExitCode.FAILURE
+    except ModuleNotFoundError as e:
+        if e.name != "yaml":
+            raise
+        return _fail(
+            args.command,
+            f"the Python module 'yaml' (PyYAML) is missing from {sys.executable}: install it "
+            "with `sudo apt install python3-yaml` or `python3 -m pip install pyyaml`",
+            ExitCode.BAD_CONFIG,
+        )
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename else ""
+        return _fail(args.command, f"{e.strerror or e}{where}", ExitCode.FAILURE)
+
+
+def _fail(command: str, message: str, code: ExitCode) -> int:
+    print(f"dspark-launch {command}: {message}", file=sys.stderr)
+    return code

@@ -29,7 +29,9 @@ def parse_hca_selector(selector: str) -> tuple[bool, bool, list[tuple[str, int |
     rest = rest.removeprefix("=")
     items = [item.strip() for item in rest.split(",")]
     if not rest or any(not _DEVICE.fullmatch(item) for item in items):
-        raise ValueError(f"{selector!r} is not an NCCL_IB_HCA selector like mlx5_0 or =mlx5_0:1")
+        raise ValueError(
+            f"{selector[:80]!r} is not an NCCL_IB_HCA selector like mlx5_0 or =mlx5_0:1"
+        )
     devices = []
     for item in items:
         name, _, port = item.partition(":")

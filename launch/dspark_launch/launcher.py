@@ -73,7 +73,17 @@ class Launcher:
             return
         self._step(f"image {self.site.image} on both nodes")
         ids = {role: rank.image_id() for role, rank in self.ranks.items()}
-        if not self.runner.dry_run and ids[HEAD] != ids[WORKER]:
+        if self.runner.dry_run:
+            return
+        assert self.site.image is not None
+        if self.site.image.startswith("sha256:"):  # an image ID: both must hold exactly it
+            for role, image_id in ids.items():
+                if image_id != self.site.image:
+                    raise LaunchError(
+                        f"{self.ranks[role].label}: {self.site.image} resolves to image "
+                        f"{image_id}; load the same image on both nodes (docs/docker.md)"
+                    )
+        if ids[HEAD] != ids[WORKER]:
             raise LaunchError(
                 f"image IDs differ: head {ids[HEAD]}, worker {ids[WORKER]}; "
                 f"pull {self.site.image} again on both nodes"
@@ -94,7 +104,9 @@ class Launcher:
                 status = {"state": f"unreadable ({result.last_error_line})", "digest": None}
             statuses[role] = status
             if status.get("state") != "installed" or result.rc != 0:
-                message = f"{rank.label}: the DSpark patch is {status.get('state')}"
+                message = f"{rank.label}: the DSpark patch is {status.get('state')}" + (
+                    f" ({status['error']})" if status.get("error") else ""
+                )
                 if required:
                     raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
                 self.runner.say(f"    note: {message}; fine for speculative: none")
@@ -191,7 +203,7 @@ class Launcher:
                 return
             if elapsed > self.site.health_timeout_s:
                 raise LaunchError(f"not healthy after {elapsed:.0f} s: {reason}")
-            last = self.ranks[HEAD].logs(1).strip().splitlines()
+            last = _tail(self.ranks[HEAD], 1).strip().splitlines()
             self.runner.say(
                 f"    [{elapsed:5.0f} s] ranks running; API not ready ({reason})"
                 + (f"; head: {last[-1][:120]}" if last else "")
@@ -214,7 +226,7 @@ class Launcher:
     def _dump_logs(self) -> None:
         for rank in self.ranks.values():
             self.runner.say(f"---- last {LOG_LINES_ON_FAILURE} lines of {rank.label} ----")
-            self.runner.say(rank.logs(LOG_LINES_ON_FAILURE))
+            self.runner.say(_tail(rank, LOG_LINES_ON_FAILURE))
 
     # stop, status, logs ----------------------------------------------------------------------
 
@@ -236,13 +248,31 @@ class Launcher:
         states = {role: rank.state() for role, rank in self.ranks.items()}
         for role, state in states.items():
             self.runner.say(f"{self.ranks[role].label}: {state.describe()}")
-        reason = None if self.runner.dry_run else self.api.not_ready_reason()
+        if self.runner.dry_run:
+            self.runner.say(f"api {self.api.base}: not probed (--dry-run probes nothing)")
+            return ExitCode.OK
+        reason = self.api.not_ready_reason()
         self.runner.say(f"api {self.api.base}: {reason or 'healthy'}")
         healthy = all(state.healthy for state in states.values()) and reason is None
-        return ExitCode.OK if healthy or self.runner.dry_run else ExitCode.FAILURE
+        return ExitCode.OK if healthy else ExitCode.FAILURE
 
     def logs(self, roles: list[str], lines: int) -> None:
+        """Print each rank's last `lines` lines; fail after the others if one cannot be read."""
+        failures = []
         for role in roles:
             rank = self.ranks[role]
             self.runner.say(f"---- {rank.label} ----")
-            self.runner.say(rank.logs(lines))
+            try:
+                self.runner.say(rank.logs(lines))
+            except LaunchError as e:
+                failures.append(str(e))
+        if failures:
+            raise LaunchError("; ".join(failures))
+
+
+def _tail(rank: Rank, lines: int) -> str:
+    """The rank's last lines, or why they cannot be read (while reporting something else)."""
+    try:
+        return rank.logs(lines)
+    except LaunchError as e:
+        return f"({e})"

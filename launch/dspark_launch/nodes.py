@@ -8,11 +8,13 @@ through ssh. Both expose the same operations, so the launcher's logic is one cod
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import shlex
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dspark_launch import gid, node_probe
-from dspark_launch.errors import LaunchError
+from dspark_launch.errors import ConfigError, LaunchError
 from dspark_launch.render import NodePlan, parse_env_file
 from dspark_launch.runner import Result, Runner
 from dspark_launch.site import Node
@@ -30,6 +32,7 @@ from dspark_launch.site import Node
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_INSTALL_PY = "/opt/dspark/install.py"  # WORKDIR of docker/*.Dockerfile
 STOP_GRACE_S = 30
+JIT_CACHE_VOLUME = "dspark-jit-cache"  # the same named volume as docs/docker.md's manual runs
 SSH_UNREACHABLE = 255
 # Private temp file in the target directory, then rename: readers never see a partial or
 # world-readable file. Prints the sha256 the launcher compares with what it sent.
@@ -134,8 +137,40 @@ class Shell:
             raise LaunchError(f"{self.label}: {check}: {answer.get('detail')}")
 
 
+def private_dir(path: Path, create: bool) -> bool:
+    """Check (and with `create`, make, mode 0700) a state directory: it holds env files with
+    secrets, pid files `stop` signals and logs vLLM appends to, so it must be a real directory
+    owned by this user that no one else can write. Returns whether it exists."""
+    try:
+        if create:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except FileNotFoundError:
+        return False
+    except FileExistsError:
+        info = path.lstat()
+    except OSError as e:
+        raise ConfigError(
+            f"state_dir {path}: cannot create it ({e.strerror}); create it as the user who "
+            f"runs the launcher (mkdir -m 700 {path}) or name another state_dir"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise ConfigError(f"state_dir {path}: exists and is not a directory; name another one")
+    if info.st_uid != os.getuid():
+        raise ConfigError(
+            f"state_dir {path}: owned by uid {info.st_uid}, not by you (uid {os.getuid()}); "
+            "name a directory of your own"
+        )
+    if info.st_mode & 0o022:
+        raise ConfigError(
+            f"state_dir {path}: writable by others (mode {stat.S_IMODE(info.st_mode):o}); "
+            f"chmod 700 {path}"
+        )
+    return True
+
+
 def _atomic_private_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent, create=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, 0o600)
@@ -219,7 +254,13 @@ class LocalRank(Rank):
     def runtime_hf_home(self) -> str:
         return str(self.node.hf_home)
 
+    @property
+    def vllm(self) -> Path:
+        return self.venv / "bin" / "vllm"
+
     def _recorded(self) -> tuple[int, str] | None:
+        if not private_dir(self.node.state_dir, create=False):
+            return None
         try:
             pid, start_time = self.pid_path.read_text().split()
             return int(pid), start_time
@@ -227,10 +268,15 @@ class LocalRank(Rank):
             return None
 
     def _alive(self, pid: int, start_time: str) -> bool:
+        """Whether `pid` is still the `vllm serve` this launcher started: same start time,
+        leader of its own process group, and running this venv's `vllm serve` (a pid file
+        alone never decides which process group `stop` signals)."""
         if self._child is not None and self._child.pid == pid:
             return self._child.poll() is None
-        stat = _proc_stat(pid)
-        return stat is not None and stat[1] == start_time and stat[0] != "Z"
+        proc = _proc_stat(pid)
+        if proc is None or proc[1] != start_time or proc[0] == "Z" or proc[2] != pid:
+            return False
+        return _runs(pid, [str(self.vllm), "serve"])
 
     def state(self) -> RankState:
         recorded = self._recorded()
@@ -243,7 +289,7 @@ class LocalRank(Rank):
         return RankState("exited", detail=f"pid {pid}" + (f", exit status {code}" if code else ""))
 
     def start(self, plan: NodePlan) -> None:
-        argv = [str(self.venv / "bin" / "vllm"), "serve", *plan.serve_args]
+        argv = [str(self.vllm), "serve", *plan.serve_args]
         self.shell.runner.note(
             f"start on {self.label} as a new process group, env from {self.env_path}, "
             f"output to {self.log_path}:\n+ {shlex.join(argv)}"
@@ -251,7 +297,7 @@ class LocalRank(Rank):
         if self.shell.runner.dry_run:
             return
         env = {**os.environ, **parse_env_file(self.env_path.read_text())}
-        log_fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log_fd = self._open_log(os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         with os.fdopen(log_fd, "ab") as log:
             self._child = subprocess.Popen(
                 argv,
@@ -261,8 +307,8 @@ class LocalRank(Rank):
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        stat = _proc_stat(self._child.pid)
-        _atomic_private_write(self.pid_path, f"{self._child.pid} {stat[1] if stat else '?'}\n")
+        proc = _proc_stat(self._child.pid)
+        _atomic_private_write(self.pid_path, f"{self._child.pid} {proc[1] if proc else '?'}\n")
 
     def stop(self) -> None:
         self.shell.runner.note(
@@ -295,20 +341,52 @@ class LocalRank(Rank):
             time.sleep(0.2)
         return False
 
-    def logs(self, lines: int) -> str:
+    def _open_log(self, flags: int) -> int:
+        """The rank's log, never through a symbolic link (the launcher may run as root)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return f"(no log at {self.log_path})"
+            return os.open(self.log_path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise LaunchError(
+                    f"{self.label}: {self.log_path} is a symbolic link; refusing to follow it "
+                    "(remove it)"
+                ) from None
+            if e.errno == errno.ENOENT:
+                raise LaunchError(f"{self.label}: no log at {self.log_path}") from None
+            raise LaunchError(f"{self.label}: cannot open {self.log_path}: {e.strerror}") from None
+
+    def logs(self, lines: int) -> str:
+        if not private_dir(self.node.state_dir, create=False):
+            raise LaunchError(f"{self.label}: no log at {self.log_path}")
+        with os.fdopen(self._open_log(os.O_RDONLY), "rb") as log:
+            text = log.read().decode(errors="replace")
+        return "\n".join(_last_lines(text, lines))
 
 
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """(state letter, start time in clock ticks) from /proc, to detect pid reuse."""
+def _last_lines(text: str, lines: int) -> list[str]:
+    """The last `lines` lines (`lines` >= 1), split on newlines only, as `docker logs --tail`."""
+    return text.removesuffix("\n").split("\n")[-lines:] if text else []
+
+
+def _proc_stat(pid: int) -> tuple[str, str, int] | None:
+    """(state letter, start time in clock ticks, process group) from /proc, to detect pid
+    reuse."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return fields[0], fields[19]
+    return fields[0], fields[19], int(fields[2])
+
+
+def _runs(pid: int, argv: list[str]) -> bool:
+    """Whether the process's command line is `argv`, directly or through the interpreter its
+    shebang names (`python /venv/bin/vllm serve ...`)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    wanted = [arg.encode() for arg in argv]
+    return cmdline[: len(wanted)] == wanted or cmdline[1 : 1 + len(wanted)] == wanted
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
@@ -364,9 +442,14 @@ class ContainerRank(Rank):
         if self.shell.runner.dry_run:
             return None
         if result.rc != 0 and "no such image" in (result.stderr + result.stdout).lower():
+            how = (
+                "load it there (docker save IMAGE | ssh NODE docker load, see docs/docker.md)"
+                if self.image.startswith("sha256:")
+                else f"pull it on that node: docker pull {self.image}"
+            )
             raise LaunchError(
                 f"{self.label}: image {self.image} is not present ({result.last_error_line}); "
-                f"pull it on that node: docker pull {self.image}"
+                + how
             )
         if result.rc != 0:
             raise LaunchError(
@@ -427,7 +510,7 @@ class ContainerRank(Rank):
             "--volume",
             f"{self.node.hf_home}:/hf",
             "--volume",
-            "dspark-cache:/var/cache/dspark",
+            f"{JIT_CACHE_VOLUME}:/var/cache/dspark",
             self.image,
             *plan.serve_args,
         ]
@@ -447,4 +530,6 @@ class ContainerRank(Rank):
 
     def logs(self, lines: int) -> str:
         result = self.shell.run(["docker", "logs", "--tail", str(lines), self.container])
+        if result.rc != 0 and not self.shell.runner.dry_run:
+            raise LaunchError(f"{self.label}: docker logs failed: {result.last_error_line}")
         return (result.stdout + result.stderr).rstrip()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dspark_launch.errors import ConfigError
 from dspark_launch.schema import Section, read_yaml
+from installer.safe_yaml import cut, shown
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "recipe" / "profiles"
 SPECULATIVE_METHODS = ("dspark", "none")
@@ -154,9 +155,13 @@ def resolve_profile_path(name_or_path: str, relative_to: Path) -> Path:
 
 
 def load_profile(path: Path) -> Profile:
-    if not path.is_file():
+    try:
+        exists = path.is_file()
+    except OSError as e:  # a name too long, a loop of links
+        raise ConfigError(f"profile {cut(str(path))}: {e.strerror}") from None
+    if not exists:
         raise ConfigError(
-            f"profile {path} does not exist (see recipe/profiles/ for the shipped ones)"
+            f"profile {cut(str(path))} does not exist (see recipe/profiles/ for the shipped ones)"
         )
     top = Section(read_yaml(path), path)
     top.string("description", required=False, argv=False)
@@ -186,7 +191,7 @@ def load_profile(path: Path) -> Profile:
             raise top.error(
                 "serve_args",
                 # The option only: a value after `=` may be a secret (`--api-key=...`).
-                f"{arg.split('=', 1)[0]!r} sets {flag}, which the launcher sets from "
+                f"{shown(arg.split('=', 1)[0])} sets {flag}, which the launcher sets from "
                 f"{MANAGED_FLAGS[flag]}",
             )
     env = top.string_map("env")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dspark_launch.profile import Profile
+from dspark_launch.schema import is_one_line
 from dspark_launch.site import HEAD, Node, Site
 
 # Fixed NCCL settings for ConnectX-7 RoCE between two DGX Sparks (docs/two-node-launch.md).
@@ -39,7 +40,12 @@ class NodePlan:
     secret_keys: frozenset[str]
 
     def env_file_text(self, redact: bool = False) -> str:
-        """`KEY=VALUE` lines, the format `docker run --env-file` reads (no quoting)."""
+        """`KEY=VALUE` lines, the format `docker run --env-file` reads (no quoting): it splits
+        the file on `\n` only, so no value may hold any line break (the site and profile
+        readers refuse them; this is the last guard)."""
+        for key, value in self.env.items():
+            if not is_one_line(value):
+                raise ValueError(f"env value of {key} holds a line break or NUL")
         lines = [
             f"{key}={REDACTED if redact and key in self.secret_keys else value}"
             for key, value in self.env.items()
@@ -128,9 +134,11 @@ def plan_node(profile: Profile, site: Site, node: Node, gid_index: str | None = 
 
 
 def parse_env_file(text: str) -> dict[str, str]:
-    """Read back an env file written by `NodePlan.env_file_text` (never `source` it)."""
+    """Read back an env file written by `NodePlan.env_file_text` (never `source` it), as
+    `docker --env-file` reads it: split on `\n` only (`str.splitlines` also splits on
+    U+2028, `\x1c`, ... and would read an extra variable out of one value)."""
     env = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if line:
             key, sep, value = line.partition("=")
             if not sep:

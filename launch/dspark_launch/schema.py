@@ -11,62 +11,26 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dspark_launch.errors import ConfigError
+from installer.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
 
-_BOM = b"\xef\xbb\xbf"
+LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+"""Every character `str.splitlines()` splits on. A value holding one would read back as two
+lines from an env file parsed in Python, but as one value by `docker --env-file`."""
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one
-    silently, so a second `api:` or `tensor_parallel_size:` would win unseen."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-        lines: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            try:
-                first = lines.setdefault(key, line)
-            except TypeError:  # an unhashable key; SafeLoader reports it below
-                continue
-            if first != line:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} appears twice: line {first} and line {line}", None
-                )
-        return super().construct_mapping(node, deep=deep)
+def is_one_line(value: str) -> bool:
+    """No line break of any kind, and no NUL (which no env var or argv can carry)."""
+    return "\0" not in value and LINE_BREAKS.isdisjoint(value)
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
-    """Load a YAML mapping after checking encoding and line endings."""
+    """Load a YAML mapping with the project's bounded reader (encoding, line endings, aliases,
+    nesting, size and duplicate keys checked)."""
     try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
-    if raw.startswith(_BOM):
-        raise ConfigError(f"{path}: starts with a UTF-8 byte-order mark; save it without a BOM")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not valid UTF-8 at byte {e.start}; save it as UTF-8") from None
-    for number, line in enumerate(text.split("\n"), start=1):
-        if "\r" in line:
-            raise ConfigError(
-                f"{path}: line {number} has a carriage return (Windows line ending); "
-                "convert the file with `dos2unix`"
-            )
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: must be a YAML mapping of keys to values")
-    return data
+        return load_mapping(path)
+    except YamlError as error:
+        raise ConfigError(str(error)) from None
 
 
 class Section:
@@ -105,14 +69,14 @@ class Section:
         value = self._get(key, required and default is None)
         if value is None:
             return default
-        shown = "(value not shown: a secret)" if secret else f"got {value!r}"
+        quoted = "(value not shown: a secret)" if secret else f"got {shown(value)}"
         if not isinstance(value, str) or not value.strip():
-            raise self.error(key, f"must be a non-empty string, {shown}")
-        if "\n" in value or "\r" in value:
-            raise self.error(key, "must be a single line")
+            raise self.error(key, f"must be a non-empty string, {quoted}")
+        if not is_one_line(value):
+            raise self.error(key, "must be a single line (no line or page breaks, no NUL)")
         if argv and not secret and value.startswith("-"):
             raise self.error(
-                key, f"must not start with '-' (it would be read as an option), {shown}"
+                key, f"must not start with '-' (it would be read as an option), {quoted}"
             )
         return value
 
@@ -121,7 +85,7 @@ class Section:
     ) -> str | None:
         value = self.string(key, required, default)
         if value is not None and not re.fullmatch(pattern, value):
-            raise self.error(key, f"{value!r} is not {hint}")
+            raise self.error(key, f"{shown(value)} is not {hint}")
         return value
 
     def integer(self, key: str, minimum: int, maximum: int, default: int | None = None) -> int:
@@ -130,7 +94,7 @@ class Section:
             assert default is not None
             return default
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be an integer, got {value!r}")
+            raise self.error(key, f"must be an integer, got {shown(value)}")
         if not minimum <= value <= maximum:
             raise self.error(key, f"must be between {minimum} and {maximum}, got {value}")
         return value
@@ -141,7 +105,7 @@ class Section:
             assert default is not None
             return default
         if not isinstance(value, bool):
-            raise self.error(key, f"must be true or false, got {value!r}")
+            raise self.error(key, f"must be true or false, got {shown(value)}")
         return value
 
     def choice(self, key: str, choices: Iterable[str], default: str | None = None) -> str:
@@ -149,7 +113,7 @@ class Section:
         value = self.string(key, required=default is None, default=default)
         assert value is not None
         if value not in options:
-            raise self.error(key, f"must be one of {', '.join(options)}; got {value!r}")
+            raise self.error(key, f"must be one of {', '.join(options)}; got {shown(value)}")
         return value
 
     def string_list(self, key: str) -> list[str]:
@@ -169,11 +133,13 @@ class Section:
             raise self.error(key, "must be a mapping of NAME: value")
         for name, item in value.items():
             if not isinstance(name, str) or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", name):
-                raise self.error(key, f"{name!r} is not an environment variable name")
+                raise self.error(key, f"{shown(name)} is not an environment variable name")
             if not isinstance(item, str):
-                raise self.error(f"{key}.{name}", f"must be a quoted string, got {item!r}")
-            if "\n" in item or "\r" in item:
-                raise self.error(f"{key}.{name}", "must be a single line")
+                raise self.error(f"{key}.{name}", f"must be a quoted string, got {shown(item)}")
+            if not is_one_line(item):
+                raise self.error(
+                    f"{key}.{name}", "must be a single line (no line or page breaks, no NUL)"
+                )
         return dict(value)
 
     def section(self, key: str, required: bool = True) -> Section:
@@ -194,4 +160,6 @@ class Section:
     def finish(self) -> None:
         unknown = sorted(str(key) for key in self._data if key not in self._read)
         if unknown:
-            raise self.error(unknown[0], "unknown key (check its spelling and indentation)")
+            raise self.error(
+                unknown[0][:MAX_SHOWN], "unknown key (check its spelling and indentation)"
+            )

@@ -14,11 +14,14 @@ from pathlib import Path
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
 from dspark_launch.profile import Profile
-from dspark_launch.schema import Section, read_yaml
+from dspark_launch.schema import Section, is_one_line, read_yaml
+from installer.safe_yaml import shown
 
 MODES = ("docker", "local")
 HEAD, WORKER = "head", "worker"
-_IMAGE_BY_DIGEST = r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}"
+# A repository digest (NAME@sha256:..., what a registry serves), or an image ID (sha256:...,
+# the content address that `docker save | docker load` keeps; a loaded image has no repo digest).
+_IMAGE_PIN = r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}|sha256:[0-9a-f]{64}"
 _IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
 _SSH_TARGET = r"([A-Za-z0-9][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*"
 NCCL_PASSTHROUGH = (
@@ -48,10 +51,10 @@ class Secrets:
     api_key: str | None
 
     def __repr__(self) -> str:  # never print secret values, even in a traceback
-        def shown(value: str | None) -> str | None:
+        def masked(value: str | None) -> str | None:
             return "***" if value else None
 
-        return f"Secrets(hf_token={shown(self.hf_token)}, api_key={shown(self.api_key)})"
+        return f"Secrets(hf_token={masked(self.hf_token)}, api_key={masked(self.api_key)})"
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,7 @@ def _ipv4(section: Section, key: str) -> str:
     try:
         ipaddress.IPv4Address(value)
     except ValueError:
-        raise section.error(key, f"{value!r} is not an IPv4 address") from None
+        raise section.error(key, f"{shown(value)} is not an IPv4 address") from None
     return value
 
 
@@ -129,10 +132,11 @@ def _absolute(section: Section, key: str, volume: bool = False) -> Path:
     value = section.string(key)
     assert value is not None
     if not value.startswith("/"):
-        raise section.error(key, f"must be an absolute path, got {value!r}")
+        raise section.error(key, f"must be an absolute path, got {shown(value)}")
     if volume and ":" in value:
         raise section.error(
-            key, f"must not contain ':' (docker --volume reads it as a separator), got {value!r}"
+            key,
+            f"must not contain ':' (docker --volume reads it as a separator), got {shown(value)}",
         )
     return Path(value)
 
@@ -158,8 +162,10 @@ def _secret(section: Section, key: str, site_path: Path) -> str | None:
         raise section.error(file_key, f"cannot read {path}: {e}") from None
     if mode & 0o077:
         raise section.error(file_key, f"{path} is readable by others: chmod 600 {path}")
-    if not value or "\n" in value or "\r" in value:
-        raise section.error(file_key, f"{path} must hold exactly one non-empty line")
+    if not value or not is_one_line(value):
+        raise section.error(
+            file_key, f"{path} must hold exactly one non-empty line (no line or page breaks)"
+        )
     return value
 
 
@@ -169,7 +175,9 @@ def load_site(path: Path) -> Site:
     image = venv = None
     if mode == "docker":
         image = top.matching(
-            "image", _IMAGE_BY_DIGEST, "an image pinned by digest (NAME@sha256:...)"
+            "image",
+            _IMAGE_PIN,
+            "an image pinned by repo digest (NAME@sha256:...) or by image ID (sha256:...)",
         )
         if top.has("venv"):
             raise top.error("venv", "is for local mode; docker mode runs the image's vLLM")
@@ -177,7 +185,7 @@ def load_site(path: Path) -> Site:
         venv_text = top.string("venv")
         venv = Path(venv_text or "")
         if not venv.is_absolute():
-            raise top.error("venv", f"must be an absolute path, got {venv_text!r}")
+            raise top.error("venv", f"must be an absolute path, got {shown(venv_text)}")
         if top.has("image"):
             raise top.error("image", "is for docker mode; local mode runs the venv's vLLM")
     ports = top.section("ports")
@@ -206,7 +214,7 @@ def load_site(path: Path) -> Site:
     try:
         ipaddress.IPv4Address(api_bind)
     except ValueError:
-        raise top.error("api_bind", f"{api_bind!r} is not an IPv4 address") from None
+        raise top.error("api_bind", f"{shown(api_bind)} is not an IPv4 address") from None
     site = Site(
         path=path,
         profile=top.string("profile") or "",

@@ -197,6 +197,33 @@ def test_unreadable_config_file_is_a_one_line_error(fake_vllm, tmp_path, yaml_te
     assert not (tmp_path / "record.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested deeper than 32 levels"),
+        (b"max-num-seqs: \xff\n", "not valid UTF-8 at byte 14"),
+        (
+            b"a: &a [x, x, x, x, x, x, x, x, x]\n"
+            + b"".join(
+                f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n".encode()
+                for a, b in zip("abcdefgh", "bcdefghi", strict=True)
+            ),
+            "once its aliases are expanded",
+        ),
+    ],
+)
+def test_hostile_config_files_are_one_bounded_line(fake_vllm, tmp_path, data, message):
+    """The entrypoint reads --config with the project's bounded reader (installer/safe_yaml.py):
+    no RecursionError or UnicodeDecodeError traceback, no hang."""
+    config = tmp_path / "serve.yaml"
+    config.write_bytes(data)
+    env, _ = fake_vllm
+    result = run_entrypoint(env, "model", "--config", str(config))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"dspark entrypoint: --config {config}: ")
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("host", ["", "-h", "--help", "a b", "10.0.0.1;id", "host_name", "é"])
 def test_bad_bind_host_is_refused(fake_vllm, host):
     env, tmp_path = fake_vllm

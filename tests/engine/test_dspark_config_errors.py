@@ -107,3 +107,43 @@ def test_confidence_scheduling_needs_a_confidence_head(tiny):
         ),
     )
     assert "needs a draft with a confidence head" in message
+
+
+def test_bad_draft_values_and_files_stop_start_up_in_one_line(tiny, tmp_path):
+    """Each was accepted at start-up (the first request then killed the server) or failed with
+    a root cause that named nothing; now each engine start stops naming field and fix."""
+    truncated = copy_draft(tiny.random_draft, tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    cases = [
+        (
+            dspark_config(
+                copy_draft(tiny.random_draft, tmp_path / "mask", {"mask_token_id": 10**6})
+            ),
+            "mask_token_id=1000000 is not a token id",
+        ),
+        (
+            dspark_config(copy_draft(tiny.random_draft, tmp_path / "str", {"block_size": "4"})),
+            "block_size='4' is not a positive integer",
+        ),
+        (
+            dspark_config(copy_draft(tiny.random_draft, tmp_path / "zero", {"block_size": 0})),
+            "block_size=0 is not a positive integer",
+        ),
+        (dspark_config(truncated), f"{weights}: truncated"),
+        (
+            dspark_config(tiny.random_draft, dspark_draft_log=str(log_dir)),
+            f"dspark_draft_log='{log_dir}' is a directory",
+        ),
+    ]
+    missed = []
+    for config, expected in cases:
+        try:
+            message = startup_error(tiny.random_target, config)
+        except pytest.fail.Exception:
+            message = "(the engine started and served)"
+        if expected not in message:
+            missed.append(f"{expected!r}: got {message.splitlines()[-1][:200]!r}")
+    assert not missed, "\n".join(missed)

@@ -88,7 +88,7 @@ def _stand_in_venv(tmp_path: Path) -> Path:
     vllm = venv / "bin" / "vllm"
     vllm.write_text(
         "#!/bin/sh\n"
-        'case " $* " in *" --headless "*) exec sleep 300 ;; esac\n'
+        'case " $* " in *" --headless "*) sleep 300; exit 0 ;; esac\n'
         "echo 'loading model'; sleep 1; echo 'RuntimeError: out of memory' >&2; exit 3\n"
     )
     vllm.chmod(0o755)

@@ -50,7 +50,11 @@ SITE_RULES = [
     ("ports.master", 70000, "ports.master: must be between 1 and 65535, got 70000"),
     ("ports.master", 8888, "ports.master: must differ from ports.api (8888)"),
     ("health.interval_s", 0, "health.interval_s: must be between 1 and 600, got 0"),
-    ("image", "dspark-vllm:latest", "image: 'dspark-vllm:latest' is not an image pinned by digest"),
+    (
+        "image",
+        "dspark-vllm:latest",
+        "image: 'dspark-vllm:latest' is not an image pinned by repo digest",
+    ),
     ("venv", "/opt/venv", "venv: is for local mode"),
     ("head.ssh", "root@spark-a", "head.ssh: only the worker in docker mode is reached over ssh"),
     ("worker.ssh", _DELETE, "worker.ssh: required key is missing"),

@@ -7,7 +7,16 @@ draft's family. The scheduler patch calls ``prefix_hit_recompute_tokens``.
 import torch
 
 from vllm.config import ModelConfig, VllmConfig
+from vllm.logger import init_logger
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, is_deepseek_v4_dspark
+from vllm.v1.spec_decode.dspark.options import (
+    check_block_size,
+    check_draft_flags,
+    check_qwen3_draft_config,
+    check_safetensors_files,
+)
+
+logger = init_logger(__name__)
 
 _QWEN3_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3DSparkForCausalLM")
 
@@ -29,10 +38,37 @@ def draft_family(draft_model_config: ModelConfig) -> str:
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
-    """The V1 DSpark proposer for the configured draft: full-attention Qwen3
-    drafts keep their context in vLLM's paged KV cache (DFlash's machinery),
-    DeepSeek-V4's sliding-window drafts in the proposer's own ring."""
-    if draft_family(vllm_config.speculative_config.draft_model_config) == "qwen3":
+    """The V1 DSpark proposer for the configured draft. A refusal is logged once more as
+    one short line: vLLM's start-up failure buries it in a long traceback."""
+    try:
+        return _make_proposer(vllm_config, device, runner)
+    except ValueError as error:
+        logger.error("DSpark refused the configuration: %s", error)
+        raise
+
+
+def check_draft(vllm_config: VllmConfig, family: str) -> None:
+    """The draft config's values and files, before anything is built."""
+    draft_model_config = vllm_config.speculative_config.draft_model_config
+    config = draft_model_config.hf_config
+    check_block_size(config)
+    check_draft_flags(config)
+    if family == "qwen3":
+        check_qwen3_draft_config(
+            config,
+            target_vocab_size=vllm_config.model_config.get_vocab_size(),
+            target_hidden_size=vllm_config.model_config.get_hidden_size(),
+        )
+    check_safetensors_files(draft_model_config.model)
+
+
+def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
+    """Full-attention Qwen3 drafts keep their context in vLLM's paged KV cache
+    (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the proposer's
+    own ring."""
+    family = draft_family(vllm_config.speculative_config.draft_model_config)
+    check_draft(vllm_config, family)
+    if family == "qwen3":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
 
         return DSparkPagedProposer(vllm_config, device, runner)

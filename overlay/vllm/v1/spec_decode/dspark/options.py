@@ -9,6 +9,8 @@ span several fields are checked here.
 """
 
 import dataclasses
+import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -136,6 +138,7 @@ class DSparkOptions:
         draft_log = speculative_config.dspark_draft_log
         if draft_log is not None and not draft_log:
             raise ValueError("dspark_draft_log must be a file path; remove it or name a file.")
+        check_draft_log(draft_log)
         # Read from the draft's config, where upstream puts the field's value
         # (or the checkpoint's own dspark_draft_topk) after validating it.
         draft_topk = getattr(
@@ -147,3 +150,139 @@ class DSparkOptions:
             draft_log=draft_log,
             scheduling=scheduling,
         )
+
+
+# Start-up checks of the draft's own config and files -------------------------------------------
+# Each value the proposer reads is checked before anything is built, so that a bad value stops
+# start-up in one line naming the field and the fix instead of failing at the first request.
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_draft_log(path: str | None) -> None:
+    """``dspark_draft_log`` must name a file this process can append to; it is opened (and
+    created, empty) here, because the first step that writes to it would kill the server."""
+    if path is None:
+        return
+    where = f"speculative_config.dspark_draft_log={path!r}"
+    if os.path.isdir(path):
+        raise ValueError(
+            f"{where} is a directory. Name a file, e.g. {path.rstrip('/')}/drafts.jsonl."
+        )
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ValueError(f"{where}: its directory {parent} does not exist. Create it first.")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+    except OSError as error:
+        raise ValueError(
+            f"{where} cannot be opened for appending ({error.strerror}). Name a writable file."
+        ) from None
+
+
+def check_block_size(config: object) -> None:
+    """DeepSpec's ``block_size`` (or ``dspark_block_size``), when present, is a positive int:
+    0 would read as "unset" and "4" fail as a TypeError deep in the proposer."""
+    for key in ("block_size", "dspark_block_size"):
+        value = getattr(config, key, None)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(
+                f"The DSpark draft config's {key}={value!r} is not a positive integer. Set it "
+                "to the block size the draft was trained with (an integer, e.g. 7)."
+            )
+
+
+DRAFT_FLAGS = ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov")
+"""Draft-config switches read with ``getattr``: a string "false" would read as true."""
+
+
+def check_draft_flags(config: object) -> None:
+    """The block layout and confidence-head switches, when present, are booleans, and
+    ``markov_rank`` a positive integer."""
+    for key in DRAFT_FLAGS:
+        value = getattr(config, key, None)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(
+                f"The DSpark draft config's {key}={value!r} is not a boolean. Write true or "
+                "false (JSON), as the draft was trained."
+            )
+    rank = getattr(config, "markov_rank", None)
+    if rank is not None and (not _is_int(rank) or rank < 1):
+        raise ValueError(
+            f"The DSpark draft config's markov_rank={rank!r} is not a positive integer. Set it "
+            "to the rank of the checkpoint's markov_head weights."
+        )
+
+
+def check_qwen3_draft_config(
+    config: object, *, target_vocab_size: int, target_hidden_size: int
+) -> None:
+    """The values a full-attention (Qwen3) DSpark draft reads beyond its layers: the mask
+    token (embedded by the target's embedding, so inside its vocabulary), the target layers'
+    ids (integers; their range is checked against the target by the proposer) and the width
+    of the target features the draft combines."""
+    dflash = getattr(config, "dflash_config", None) or {}
+    mask = dflash.get("mask_token_id", getattr(config, "mask_token_id", None))
+    if mask is not None and (not _is_int(mask) or not 0 <= mask < target_vocab_size):
+        raise ValueError(
+            f"The DSpark draft config's mask_token_id={mask!r} is not a token id of the "
+            f"target's vocabulary [0, {target_vocab_size}). Set it to the draft's trained mask "
+            "token (DeepSpec writes it to config.json)."
+        )
+    taps = getattr(config, "target_layer_ids", None) or dflash.get("target_layer_ids")
+    if taps is not None and (
+        not isinstance(taps, list | tuple) or not all(_is_int(layer) for layer in taps)
+    ):
+        raise ValueError(
+            f"The DSpark draft config's target_layer_ids={taps!r} is not a list of integer "
+            "layer ids. List the target layers the draft was trained on, e.g. [1, 17, 33]."
+        )
+    features = getattr(config, "target_hidden_size", None) or getattr(config, "hidden_size", None)
+    if features != target_hidden_size:
+        raise ValueError(
+            f"The DSpark draft reads target features of width {features!r} "
+            "(target_hidden_size, else hidden_size, in its config.json) but the target's "
+            f"hidden size is {target_hidden_size}. Use the draft trained for this target."
+        )
+
+
+def check_safetensors_files(directory: str) -> None:
+    """Each ``*.safetensors`` file in a local checkpoint directory must hold what its header
+    promises; a truncated download otherwise fails inside the loader without the file's name.
+    Reads only the headers."""
+    if not os.path.isdir(directory):
+        return  # a hub id: vLLM resolves and verifies the download itself
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".safetensors"):
+            path = os.path.join(directory, name)
+            problem = _safetensors_problem(path)
+            if problem:
+                raise ValueError(f"{path}: {problem}. Download this file again.")
+
+
+def _safetensors_problem(path: str) -> str | None:
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as handle:
+            prefix = handle.read(8)
+            header_size = int.from_bytes(prefix, "little") if len(prefix) == 8 else None
+            if header_size is None or 8 + header_size > size:
+                return f"truncated ({size} bytes): not even its header is complete"
+            header = json.loads(handle.read(header_size))
+    except OSError as error:
+        return f"cannot be read ({error.strerror})"
+    except (ValueError, UnicodeDecodeError):
+        return "its header is not valid safetensors JSON"
+    if not isinstance(header, dict):
+        return "its header is not valid safetensors JSON"
+    ends = [
+        entry.get("data_offsets", [0, 0])[1]
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict)
+    ]
+    expected = 8 + header_size + max(ends, default=0)
+    if size < expected:
+        return f"truncated: {size} bytes, its header describes {expected}"
+    return None
