@@ -364,8 +364,10 @@ def build_gemma4_target(model_dir: Path, seed: int = 0, kind: str = "random") ->
     ``kind="zero-norm"`` zeroes the final norm: every logit is zero and greedy
     decoding emits token 0, which a draft with a zero final norm and zero
     Markov projection predicts exactly (the oracle; the tied embeddings stay
-    intact). ``kind="bigram"`` zeroes every layer's output projections, as for
-    the Qwen3 bigram target."""
+    intact). ``kind="bigram"`` zeroes every attention output projection, so
+    each position's output depends on its own token only, and scales the MLP
+    outputs up so that the next token is not the current one again (with tied
+    embeddings a bare embedding predicts itself)."""
     from safetensors.torch import save_file
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
@@ -389,7 +391,7 @@ def build_gemma4_target(model_dir: Path, seed: int = 0, kind: str = "random") ->
         elif kind == "bigram":
             for layer in model.model.layers:
                 layer.self_attn.o_proj.weight.zero_()
-                layer.mlp.down_proj.weight.zero_()
+                layer.mlp.down_proj.weight.mul_(30.0)
     # The release layout: the config as Google ships it (global_head_dim,
     # num_global_key_value_heads), the tied lm_head left out of the file.
     weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
@@ -516,18 +518,19 @@ def oracle_gemma4_draft_weights(spec: Gemma4DraftSpec) -> dict[str, torch.Tensor
 def bigram_gemma4_draft_weights(
     spec: Gemma4DraftSpec, target_dir: Path, blur: float = 0.05, markov_scale: float = 2.5
 ) -> dict[str, torch.Tensor]:
-    """For a ``bigram`` Gemma-4 target, as ``bigram_dspark_weights``: the
-    target's next token is a function of the current one through the scaled
-    embedding, the final norm and the tied head. Needs ``markov_rank ==
+    """For a ``bigram`` Gemma-4 target, as ``bigram_dspark_weights``: W1 is the
+    target's final hidden state of each token on its own (its next-token
+    function), W2 the tied head times ``markov_scale``. Needs ``markov_rank ==
     HIDDEN_SIZE``."""
-    from safetensors.torch import load_file
+    from transformers import Gemma4ForCausalLM
 
     if spec.markov_rank != HIDDEN_SIZE:
         raise ValueError(f"bigram drafts need markov_rank={HIDDEN_SIZE}")
-    target = load_file(str(target_dir / "model.safetensors"))
-    embed = target["model.embed_tokens.weight"]
-    normed = embed * torch.rsqrt(embed.pow(2).mean(-1, keepdim=True) + 1e-6)
-    normed = normed * target["model.norm.weight"]
+    target = Gemma4ForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        tokens = torch.arange(VOCAB_SIZE)[:, None]
+        normed = target.model(input_ids=tokens).last_hidden_state[:, 0]
+    embed = target.model.embed_tokens.weight.detach()
     generator = torch.Generator().manual_seed(spec.seed + 1)
     weights = random_gemma4_draft_weights(spec)
     weights["markov_head.markov_w1.weight"] = normed + blur * torch.randn(

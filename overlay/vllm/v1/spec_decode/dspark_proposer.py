@@ -9,30 +9,36 @@ import torch
 from vllm.config import ModelConfig, VllmConfig
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, is_deepseek_v4_dspark
 
-_QWEN3_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3DSparkForCausalLM")
+_PAGED_ARCHITECTURES = {
+    "Qwen3DSparkModel": "qwen3",
+    "Qwen3DSparkForCausalLM": "qwen3",
+    "Gemma4DSparkModel": "gemma4",
+    "Gemma4DSparkForCausalLM": "gemma4",
+}
 
 
 def draft_family(draft_model_config: ModelConfig) -> str:
-    """``"deepseek_v4"`` or ``"qwen3"``; anything else is not a DSpark draft
-    this proposer can run."""
+    """``"deepseek_v4"``, ``"qwen3"`` or ``"gemma4"``; anything else is not a
+    DSpark draft this proposer can run."""
     config = draft_model_config.hf_config
     if is_deepseek_v4_dspark(config):
         return "deepseek_v4"
     architectures = getattr(config, "architectures", None) or []
-    if any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
-        return "qwen3"
+    for arch in architectures:
+        if arch in _PAGED_ARCHITECTURES:
+            return _PAGED_ARCHITECTURES[arch]
     raise ValueError(
         f"'{draft_model_config.model}' is not a DSpark draft the V1 proposer supports: "
-        f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 "
-        f"DSpark draft ({', '.join(_QWEN3_ARCHITECTURES)})."
+        f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 or "
+        f"Gemma-4 DSpark draft ({', '.join(_PAGED_ARCHITECTURES)})."
     )
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
     """The V1 DSpark proposer for the configured draft: full-attention Qwen3
-    drafts keep their context in vLLM's paged KV cache (DFlash's machinery),
-    DeepSeek-V4's sliding-window drafts in the proposer's own ring."""
-    if draft_family(vllm_config.speculative_config.draft_model_config) == "qwen3":
+    and Gemma-4 drafts keep their context in vLLM's paged KV cache (DFlash's
+    machinery), DeepSeek-V4's sliding-window drafts in the proposer's own ring."""
+    if draft_family(vllm_config.speculative_config.draft_model_config) != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
 
         return DSparkPagedProposer(vllm_config, device, runner)
