@@ -97,7 +97,7 @@ class DSparkPagedProposer(DFlashProposer):
         if "sliding_attention" in (getattr(config, "layer_types", None) or []):
             raise ValueError(
                 f"'{speculative_config.draft_model_config.model}' has sliding-window layers; "
-                "the V1 DSpark proposer runs full-attention Qwen3 drafts only."
+                "the V1 DSpark proposer runs full-attention Qwen3 and Gemma-4 drafts only."
             )
         _check_target_layers(config, vllm_config.model_config.get_total_num_hidden_layers())
         self._family = draft_family(speculative_config.draft_model_config)
