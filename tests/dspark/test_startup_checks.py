@@ -14,7 +14,7 @@ from vllm.v1.spec_decode.dspark.options import (
     check_block_size,
     check_draft_flags,
     check_draft_log,
-    check_qwen3_draft_config,
+    check_paged_draft_config,
     check_safetensors_files,
 )
 
@@ -29,7 +29,7 @@ def qwen3_draft(**values) -> PretrainedConfig:
 def check(config: PretrainedConfig) -> None:
     check_block_size(config)
     check_draft_flags(config)
-    check_qwen3_draft_config(config, target_vocab_size=VOCAB, target_hidden_size=HIDDEN)
+    check_paged_draft_config(config, target_vocab_size=VOCAB, target_hidden_size=HIDDEN)
 
 
 def test_a_valid_config_passes():

@@ -12,28 +12,34 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import DeepSeekV4DSparkConfig, is_de
 from vllm.v1.spec_decode.dspark.options import (
     check_block_size,
     check_draft_flags,
-    check_qwen3_draft_config,
+    check_paged_draft_config,
     check_safetensors_files,
 )
 
 logger = init_logger(__name__)
 
-_QWEN3_ARCHITECTURES = ("Qwen3DSparkModel", "Qwen3DSparkForCausalLM")
+_PAGED_ARCHITECTURES = {
+    "Qwen3DSparkModel": "qwen3",
+    "Qwen3DSparkForCausalLM": "qwen3",
+    "Gemma4DSparkModel": "gemma4",
+    "Gemma4DSparkForCausalLM": "gemma4",
+}
 
 
 def draft_family(draft_model_config: ModelConfig) -> str:
-    """``"deepseek_v4"`` or ``"qwen3"``; anything else is not a DSpark draft
-    this proposer can run."""
+    """``"deepseek_v4"``, ``"qwen3"`` or ``"gemma4"``; anything else is not a
+    DSpark draft this proposer can run."""
     config = draft_model_config.hf_config
     if is_deepseek_v4_dspark(config):
         return "deepseek_v4"
     architectures = getattr(config, "architectures", None) or []
-    if any(arch in _QWEN3_ARCHITECTURES for arch in architectures):
-        return "qwen3"
+    for arch in architectures:
+        if arch in _PAGED_ARCHITECTURES:
+            return _PAGED_ARCHITECTURES[arch]
     raise ValueError(
         f"'{draft_model_config.model}' is not a DSpark draft the V1 proposer supports: "
-        f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 "
-        f"DSpark draft ({', '.join(_QWEN3_ARCHITECTURES)})."
+        f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 or "
+        f"Gemma-4 DSpark draft ({', '.join(_PAGED_ARCHITECTURES)})."
     )
 
 
@@ -53,8 +59,8 @@ def check_draft(vllm_config: VllmConfig, family: str) -> None:
     config = draft_model_config.hf_config
     check_block_size(config)
     check_draft_flags(config)
-    if family == "qwen3":
-        check_qwen3_draft_config(
+    if family != "deepseek_v4":
+        check_paged_draft_config(
             config,
             target_vocab_size=vllm_config.model_config.get_vocab_size(),
             target_hidden_size=vllm_config.model_config.get_hidden_size(),
@@ -63,12 +69,12 @@ def check_draft(vllm_config: VllmConfig, family: str) -> None:
 
 
 def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
-    """Full-attention Qwen3 drafts keep their context in vLLM's paged KV cache
-    (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the proposer's
-    own ring."""
+    """Full-attention Qwen3 and Gemma-4 drafts keep their context in vLLM's paged
+    KV cache (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the
+    proposer's own ring."""
     family = draft_family(vllm_config.speculative_config.draft_model_config)
     check_draft(vllm_config, family)
-    if family == "qwen3":
+    if family != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
 
         return DSparkPagedProposer(vllm_config, device, runner)

@@ -216,10 +216,10 @@ def check_draft_flags(config: object) -> None:
         )
 
 
-def check_qwen3_draft_config(
+def check_paged_draft_config(
     config: object, *, target_vocab_size: int, target_hidden_size: int
 ) -> None:
-    """The values a full-attention (Qwen3) DSpark draft reads beyond its layers: the mask
+    """The values a full-attention (Qwen3, Gemma-4) DSpark draft reads beyond its layers: the mask
     token (embedded by the target's embedding, so inside its vocabulary), the target layers'
     ids (integers; their range is checked against the target by the proposer) and the width
     of the target features the draft combines."""

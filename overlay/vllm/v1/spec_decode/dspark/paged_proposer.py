@@ -1,11 +1,12 @@
-"""DSpark for full-attention drafts (DeepSpec Qwen3) on V1's DFlash machinery.
+"""DSpark for full-attention drafts (DeepSpec Qwen3, Gemma-4) on V1's DFlash machinery.
 
 DSpark is DFlash plus a sequential Markov chain, so this proposer subclasses
 ``DFlashProposer``: the draft's context K/V lives in the paged KV cache (the
 draft layers' own cache tensors, addressed by the target's block tables, sized
 from vLLM's KV budget and restored by prefix-cache hits), written by upstream's
 ``precompute_and_store_context_kv``, and the draft network is upstream's
-``Qwen3DSparkForCausalLM``. What this class adds:
+``Qwen3DSparkForCausalLM`` or its subclass ``Gemma4DSparkForCausalLM``. What
+this class adds:
 
 - the block layout: DeepSpec's ``[anchor, mask, ...]`` in which every slot is a
   prediction (``sample_from_anchor``, the default), or DFlash's ``1 + N``
@@ -13,12 +14,16 @@ from vLLM's KV budget and restored by prefix-cache hits), written by upstream's
 - the full trained block is always drafted, and the first k drafts verified
   (a shorter block changes the drafts: the block attends bidirectionally);
 - the greedy Markov chain and the confidence head, with confidence-scheduled
-  lengths handed to the runner through ``take_draft_token_lengths``;
+  lengths handed to the runner through ``take_draft_token_lengths``; the
+  Markov bias is added after the base logits' soft-cap (Gemma-4), as DeepSpec
+  adds it, not passed through it;
 - a strict load: a tensor the draft does not have, or a draft parameter the
-  checkpoint does not fill, stops start-up naming it.
+  checkpoint does not fill, stops start-up naming it; a shipped
+  ``embed_tokens``/``lm_head`` is shared with the target only when identical.
 """
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import torch
@@ -33,7 +38,9 @@ from vllm.model_executor.model_loader.utils import (
     get_draft_load_config,
     process_weights_after_loading,
 )
+from vllm.model_executor.models.gemma4_dspark import Gemma4DSparkForCausalLM
 from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -49,8 +56,13 @@ from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
 from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer, markov_chain, position_sampler
 from vllm.v1.spec_decode.dspark.options import PAGED_PROPOSER_UNSUPPORTED, DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
+from vllm.v1.spec_decode.dspark_proposer import draft_family
 
 logger = init_logger(__name__)
+
+# Upstream's Gemma-4 draft names its layers model.layers.{i} from 0, as a
+# text-only Gemma-4 target does; the prefix keeps the two sets of names apart.
+_DRAFT_PREFIX = {"gemma4": "dspark"}
 
 
 @contextlib.contextmanager
@@ -85,9 +97,12 @@ class DSparkPagedProposer(DFlashProposer):
         if "sliding_attention" in (getattr(config, "layer_types", None) or []):
             raise ValueError(
                 f"'{speculative_config.draft_model_config.model}' has sliding-window layers; "
-                "the V1 DSpark proposer runs full-attention Qwen3 drafts only."
+                "the V1 DSpark proposer runs full-attention Qwen3 and Gemma-4 drafts only."
             )
         _check_target_layers(config, vllm_config.model_config.get_total_num_hidden_layers())
+        self._family = draft_family(speculative_config.draft_model_config)
+        if self._family == "gemma4":
+            _check_gemma4_draft(speculative_config.draft_model_config, vllm_config.model_config)
         self.num_block_drafts = num_block_drafts(config, k)
         self.num_query_per_req = num_block_queries(config, k)
         # The first sampled slot is the anchor's own (DeepSpec) or the one after it.
@@ -142,11 +157,15 @@ class DSparkPagedProposer(DFlashProposer):
             set_default_torch_dtype(model_config.dtype),
             torch.device(self.device),
         ):
-            model = loader.create_model(vllm_config=draft_vllm_config, model_config=model_config)
+            model = loader.create_model(
+                vllm_config=draft_vllm_config,
+                model_config=model_config,
+                prefix=_DRAFT_PREFIX.get(self._family, ""),
+            )
         if not isinstance(model, Qwen3DSparkForCausalLM):
             raise ValueError(
-                f"'{model_config.model}' builds {type(model).__name__}, not a Qwen3 DSpark "
-                "draft (architectures Qwen3DSparkModel)."
+                f"'{model_config.model}' builds {type(model).__name__}, not a Qwen3 or Gemma-4 "
+                "DSpark draft (architectures Qwen3DSparkModel, Gemma4DSparkModel)."
             )
         load_strictly(model, loader.get_all_weights(model_config, model))
         process_weights_after_loading(model, model_config, self.device)
@@ -161,6 +180,10 @@ class DSparkPagedProposer(DFlashProposer):
                 f"'{self.draft_model_config.model}' drafts from a reduced vocabulary (d2t); "
                 "the V1 DSpark proposer supports full-vocabulary drafts only."
             )
+        # DeepSpec adds the Markov bias to the soft-capped base logits; the
+        # model's own bias goes through its capping logits processor.
+        self._markov_logits = copy.copy(model.logits_processor)
+        self._markov_logits.soft_cap = None
         if self.options.scheduling.needs_confidence and model.model.confidence_head is None:
             raise ValueError(
                 f"dspark_confidence_scheduler={self.options.scheduling.scheduler!r} "
@@ -231,7 +254,7 @@ class DSparkPagedProposer(DFlashProposer):
             base_logits.view(num_requests, k, -1),
             anchor_tokens,
             self.model.markov_embed,
-            self.model.markov_bias,
+            self._markov_bias,
             sample=position_sampler(
                 self.options.probabilistic, sampling_metadata, self.use_fp64_gumbel
             ),
@@ -248,6 +271,10 @@ class DSparkPagedProposer(DFlashProposer):
         if self.options.draft_log is not None:
             self._log_drafts(anchor_tokens, drafts)
         return drafts.reshape(-1), probs
+
+    def _markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
+        """``W2 · W1[previous token]``, uncapped."""
+        return self.model.model.markov_head.bias(markov_embed, self._markov_logits)
 
     def take_draft_token_lengths(self) -> torch.Tensor | None:
         """Per-request number of drafts to verify, ``[B]`` int32, or None to
@@ -290,6 +317,41 @@ def _check_target_layers(config, num_target_layers: int) -> None:
         )
 
 
+def _check_gemma4_draft(draft_model_config, target_model_config) -> None:
+    """What upstream's ``Gemma4DSparkForCausalLM`` cannot run as DeepSpec
+    trained it, refused by name: its fused context K/V precompute projects V
+    from ``k_proj`` (``attention_k_eq_v``) with one head shape for every layer,
+    and its ``fc`` reads taps of the draft's own width."""
+    config, name = draft_model_config.hf_config, draft_model_config.model
+    if not getattr(config, "attention_k_eq_v", False):
+        raise ValueError(
+            f"'{name}' sets attention_k_eq_v=false; the V1 DSpark proposer runs Gemma-4 "
+            "drafts whose values reuse the key projection (attention_k_eq_v: true)."
+        )
+    shapes = {
+        (layer.head_dim, layer.num_key_value_heads)
+        for layer in (config.per_layer_config[i] for i in range(config.num_hidden_layers))
+    }
+    if len(shapes) > 1:
+        raise ValueError(
+            f"'{name}' has draft layers of different head_dim/num_key_value_heads "
+            f"{sorted(shapes)} (per_layer_config); the V1 DSpark proposer needs one shape."
+        )
+    target_hidden = target_model_config.get_hidden_size()
+    if config.hidden_size != target_hidden:
+        raise ValueError(
+            f"'{name}' has hidden_size={config.hidden_size}, the target {target_hidden}; "
+            "a Gemma-4 DSpark draft reads the target's hidden states at its own width."
+        )
+    num_target_layers = target_model_config.get_total_num_hidden_layers()
+    trained_for = getattr(config, "num_target_layers", num_target_layers)
+    if trained_for != num_target_layers:
+        raise ValueError(
+            f"'{name}' was trained for a {trained_for}-layer target (num_target_layers); "
+            f"this target has {num_target_layers} layers."
+        )
+
+
 _UNFILLED = float("nan")
 
 
@@ -305,7 +367,10 @@ def load_strictly(model: Qwen3DSparkForCausalLM, weights) -> None:
     with torch.no_grad():
         for param in unfilled.values():
             param.fill_(_UNFILLED)
-    model.load_weights(weights)
+    if isinstance(model, Gemma4DSparkForCausalLM):
+        _load_gemma4(model, weights)
+    else:
+        model.load_weights(weights)
     # Not shipped: shared from the target by the proposer's load_model.
     shared_from_target = {
         "model.embed_tokens.weight": not getattr(model, "has_own_embed_tokens", False),
@@ -325,6 +390,37 @@ def load_strictly(model: Qwen3DSparkForCausalLM, weights) -> None:
             + ", ".join(name.removeprefix("model.") for name in missing)
             + ". Check that it matches the draft's config.json."
         )
+
+
+def _load_gemma4(model: Gemma4DSparkForCausalLM, weights) -> None:
+    """Upstream's Gemma-4 loader skips tensors it has no parameter for and
+    never marks a shipped embedding or head: refuse the first, mark the second
+    (the base proposer then shares them with the target only when identical)."""
+    names = []
+
+    def recorded():
+        for name, tensor in weights:
+            names.append(name)
+            process_eagle_weight(model, name)
+            yield name, tensor
+
+    loaded = model.load_weights(recorded())
+    unknown = [name for name in names if _gemma4_param_name(name) not in loaded]
+    if unknown:
+        raise ValueError(
+            "The DSpark checkpoint has tensors the Gemma-4 draft has no parameter for: "
+            + ", ".join(unknown)
+            + ". Check that it matches the draft's config.json."
+        )
+
+
+def _gemma4_param_name(name: str) -> str:
+    """The parameter ``Gemma4DSparkForCausalLM.load_weights`` loads ``name`` into."""
+    name = name if "lm_head" in name else "model." + name
+    for shard in ("gate_proj", "up_proj"):
+        if shard in name:
+            return name.replace(shard, "gate_up_proj")
+    return name
 
 
 def draft_kv_share(kv_cache_config: KVCacheConfig, draft_layer_names: set[str]) -> float:

