@@ -60,3 +60,28 @@ def test_registered_only_where_vllm_has_no_kernel(monkeypatch, amx):
         assert choose_block_kernel() is not quant_standins.TorchFp8BlockScaledMMKernel
     else:
         assert choose_block_kernel() is quant_standins.TorchFp8BlockScaledMMKernel
+
+
+@pytest.mark.skipif(not torch.cpu._is_amx_tile_supported(), reason="vLLM's kernel needs AMX")
+def test_fp8_block_linear_matches_vllms_amx_kernel():
+    """Against vLLM's own ``fp8_scaled_mm_cpu`` (W8A16, unpacked weight): equal up to bf16
+    rounding of the fp32 sums; with transposed block scales far apart."""
+    from vllm import _custom_ops  # noqa: F401  (loads vLLM's CPU ops)
+    from vllm.model_executor.layers.quantization.utils.fp8_utils import _upcast_e8m0_to_fp32
+
+    codes, scale = quantise_v4.quantise_fp8_block(weight(0))
+    codes = torch.cat([codes, codes[:40]])  # 384 rows: the AMX kernel tiles N by 32
+    x = torch.randn(5, codes.shape[1], generator=torch.Generator().manual_seed(1))
+    x = x.to(torch.bfloat16)
+    amx = torch.ops._C.fp8_scaled_mm_cpu(
+        x, codes, _upcast_e8m0_to_fp32(scale).contiguous(), [128, 128], None, x.dtype, False
+    )
+
+    def error(scale):
+        ours = quant_standins.fp8_block_linear(x, codes, scale, [128, 128]).float()
+        return ((ours - amx.float()).norm() / amx.float().norm()).item()
+
+    transposed = scale.view(torch.uint8).T.contiguous().view(3, 2).view(torch.float8_e8m0fnu)
+    print(f"relative difference from vLLM's AMX kernel: {error(scale):.2e}")
+    assert error(scale) < 1e-4
+    assert error(transposed) > 0.1
