@@ -129,10 +129,12 @@ def install_triton_standins() -> list[str]:
 
 def install_standins() -> None:
     """Every stand-in this host needs: the C++ ops its vLLM extension lacks (``cpp_standins``),
-    then the Triton kernels. Run by the test session, and in each tensor-parallel worker process
+    the block-FP8 linear kernel it lacks without AMX (``quant_standins``), then the Triton
+    kernels. Run by the test session, and in each tensor-parallel worker process
     as a ``vllm.general_plugins`` entry point (``test_v4_tensor_parallel.py``); a second call
     finds the C++ ops present and registers none."""
-    from tests.engine_v4 import cpp_standins
+    from tests.engine_v4 import cpp_standins, quant_standins
 
     cpp_standins.install_cpp_standins(cpp_standins.missing_cpp_ops())
+    quant_standins.install_quant_standins()
     install_triton_standins()
