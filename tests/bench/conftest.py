@@ -110,7 +110,7 @@ class LocalServer:
 def tiny_servers(tmp_path_factory) -> Iterator[dict[str, LocalServer]]:
     """A speculative server (draft = target, k = 3, so every draft is accepted)
     and a matched plain server, both on the same tiny Qwen3 target."""
-    root = tmp_path_factory.mktemp("serve_bench")
+    root = tmp_path_factory.mktemp("servers")
     target = build_qwen3_target(root / "target")
     template = root / "chat_template.jinja"
     template.write_text(CHAT_TEMPLATE)
