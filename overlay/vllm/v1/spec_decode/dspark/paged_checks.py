@@ -80,6 +80,7 @@ def check_draft_tensors(
     parameters: Iterable[str],
     packed_modules: Mapping[str, Sequence[str]],
     from_target: Iterable[str] = (),
+    buffers: Iterable[str] = (),
 ) -> None:
     """Refuse, by name, checkpoint tensors the draft has no parameter for and draft
     parameters the checkpoint does not fill (every shard of a packed one: vLLM's loader
@@ -87,7 +88,8 @@ def check_draft_tensors(
     unquantized models from its own completeness check).
 
     ``shipped``: the checkpoint's tensor names; ``parameters``: the draft's parameter names
-    (``model.`` prefixed except ``lm_head``); ``from_target``: parameters the target supplies.
+    (``model.`` prefixed except ``lm_head``); ``from_target``: parameters the target supplies;
+    ``buffers``: buffers a checkpoint may fill (Gemma-4's ``layer_scalar``), never required.
     """
     shipped = {name for name in shipped if "t2d" not in name}
     expected: dict[str, list[str]] = {}  # parameter -> the checkpoint tensors it reads
@@ -99,6 +101,7 @@ def check_draft_tensors(
         shards = packed_modules[packed] if packed else [None]
         expected[param] = [name.replace(packed, shard) if packed else name for shard in shards]
     known = {tensor for tensors in expected.values() for tensor in tensors}
+    known.update(name.removeprefix("model.") for name in buffers)
     unknown = sorted(shipped - known - {"d2t"})
     if unknown:
         raise ValueError(
@@ -131,7 +134,10 @@ def check_loaded_draft(model, shipped: Iterable[str]) -> None:
         if not getattr(model, flag, False)
     ]
     parameters = [name for name, _ in model.named_parameters()]
-    check_draft_tensors(shipped, parameters, type(model).packed_modules_mapping, from_target)
+    buffers = [name for name, _ in model.named_buffers()]
+    check_draft_tensors(
+        shipped, parameters, type(model).packed_modules_mapping, from_target, buffers
+    )
 
 
 def draft_kv_share(kv_cache_config, draft_layer_names: set[str]) -> float:
