@@ -14,13 +14,6 @@ from .layers import refuse_sequence_parallel
 from .loader import load_draft_weights
 
 
-def is_deepseek_v4_dspark(hf_config: PretrainedConfig) -> bool:
-    """A DeepSeek-V4 target checkpoint whose ``mtp.*`` stages are a DSpark draft."""
-    return getattr(hf_config, "model_type", None) in ("deepseek_v4", "deepseek_v4_dspark") and bool(
-        getattr(hf_config, "dspark_block_size", None)
-    )
-
-
 def build_deepseek_v4_draft_model(
     vllm_config: VllmConfig, prefix: str = "dspark"
 ) -> DSparkDraftModel:
