@@ -131,7 +131,7 @@ def test_codes_and_scales_land_where_vllm_reads_them(quantised_draft, shipped_ch
     model, hf_config = quantised_draft
     load_deepseek_v4_draft(model, shipped_checkpoint, hf_config)
     params = dict(model.named_parameters())
-    stage = "backbone.stages.1."
+    stage = "model.layers.1."
     ckpt = shipped_checkpoint
     linear = params[stage + "attn.wq_b.weight_scale_inv"]
     assert linear.dtype == torch.float8_e8m0fnu
@@ -175,7 +175,7 @@ def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.T
     load_deepseek_v4_draft(model, checkpoint, draft_config.hf_config)
     x = torch.randn(8, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(0))
     x = x.to(torch.bfloat16)
-    stage = model.backbone.stages[0]
+    stage = model.backbone.layers[0]
     with set_current_vllm_config(vllm_config), set_forward_context(None, vllm_config):
         process_weights_after_loading(model, draft_config, torch.device("cpu"))
         return {

@@ -42,7 +42,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     load_deepseek_v4_draft,
 )
 from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
-from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
+from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer, greedy_sample, position_sampler
 from vllm.v1.spec_decode.dspark.options import (
@@ -236,7 +236,7 @@ class DSparkRingProposer(EagleProposer):
             buffer = getattr(self, name, None)
             if buffer is not None:
                 setattr(self, name, buffer.new_empty((0, *buffer.shape[1:])))
-        self.model: DSparkDraftModel | None = None
+        self.model: DSparkRingDraft | None = None
         self._drafter: BlockDrafter | None = None
         self.draft_graphs: DraftGraphs | None = None
         self._draft_token_lengths: torch.Tensor | None = None
@@ -330,7 +330,7 @@ class DSparkRingProposer(EagleProposer):
             graph_sizes or "no",
         )
 
-    def _build_draft_model(self) -> DSparkDraftModel:
+    def _build_draft_model(self) -> DSparkRingDraft:
         """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
         config = self.draft_model_config.hf_config
         self._validate_block_size(config)
