@@ -162,7 +162,7 @@ def test_a_missing_scale_fails_by_name(quantised_draft, shipped_checkpoint, name
 
 
 def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.Tensor]:
-    """Stage 0's quantised (or bf16) layers of the loaded draft, after vLLM's
+    """Stage 0's quantised (or bf16) layers and ``main_proj`` of the loaded draft, after vLLM's
     ``process_weights_after_loading``, on one fixed input."""
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
@@ -180,7 +180,7 @@ def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.T
         process_weights_after_loading(model, draft_config, torch.device("cpu"))
         return {
             "wq_b": stage.attn.wq_b(x),
-            "main_proj": stage.main_proj(torch.cat([x, x], dim=-1)),
+            "main_proj": model.backbone.main_proj(torch.cat([x, x], dim=-1)),
             "shared_experts": stage.ffn.shared_experts(x),
             "moe": stage.ffn(x),
         }
