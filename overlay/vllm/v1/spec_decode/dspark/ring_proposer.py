@@ -42,7 +42,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     load_deepseek_v4_draft,
 )
 from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tensors
-from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
+from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample
@@ -230,7 +230,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             buffer = getattr(self, name, None)
             if buffer is not None:
                 setattr(self, name, buffer.new_empty((0, *buffer.shape[1:])))
-        self.model: DSparkDraftModel | None = None
+        self.model: DSparkRingDraft | None = None
         self._drafter: BlockDrafter | None = None
         self.draft_graphs: DraftGraphs | None = None
 
@@ -304,7 +304,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             graph_sizes or "no",
         )
 
-    def _build_draft_model(self) -> DSparkDraftModel:
+    def _build_draft_model(self) -> DSparkRingDraft:
         """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
         config = self.draft_model_config.hf_config
         block_size = check_k_within_block(config, self.num_speculative_tokens)
