@@ -97,7 +97,7 @@ def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
 @pytest.mark.parametrize("k", [K, 2])
 def test_oracle_draft_is_always_accepted(tiny, k):
     run = run_engine(
-        tiny.zero_lm_head_target,
+        tiny.zero_target,
         varied_prompts(4),
         32,
         dspark_config(tiny.oracle_draft, k=k),
@@ -223,7 +223,7 @@ CROWDED = dict(max_num_seqs=4, max_num_batched_tokens=48, num_gpu_blocks_overrid
 ALONE = dict(max_num_seqs=4)
 
 
-def drafts_alone_and_crowded(tiny, tmp_path: Path):
+def crowded_drafts(tiny, tmp_path: Path) -> dict:
     crowded_log = tmp_path / "crowded.jsonl"
     crowded = run_engine(
         tiny.random_target,
@@ -233,19 +233,25 @@ def drafts_alone_and_crowded(tiny, tmp_path: Path):
         **CROWDED,
     )
     assert crowded.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
+    return read_draft_log(crowded_log, first=True)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny, tmp_path_factory) -> dict:
+    """Each request's drafts served on its own, one after another in one engine; shared by the
+    check and its control (whose fault needs two requests in a batch, so it cannot act here)."""
+    log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
     alone_drafts = {}
     with TinyEngine(
-        tiny.random_target,
-        dspark_config(tiny.random_draft, dspark_draft_log=str(tmp_path / "alone.jsonl")),
-        **ALONE,
+        tiny.random_target, dspark_config(tiny.random_draft, dspark_draft_log=str(log)), **ALONE
     ) as engine:
         for index, (prompt, max_tokens) in enumerate(
             zip(CONTAMINATION_PROMPTS, CONTAMINATION_MAX_TOKENS, strict=True)
         ):
-            (tmp_path / "alone.jsonl").unlink(missing_ok=True)
+            log.unlink(missing_ok=True)
             engine.generate([prompt], max_tokens)
-            alone_drafts[str(index)] = only_request(tmp_path / "alone.jsonl")
-    return alone_drafts, read_draft_log(crowded_log)
+            alone_drafts[str(index)] = only_request(log)
+    return alone_drafts
 
 
 def mismatched_requests(alone, crowded) -> list[str]:
@@ -260,8 +266,8 @@ def mismatched_requests(alone, crowded) -> list[str]:
     ]
 
 
-def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path):
-    alone, crowded = drafts_alone_and_crowded(tiny, tmp_path)
+def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path, alone):
+    crowded = crowded_drafts(tiny, tmp_path)
     for request, by_anchor in alone.items():
         # Random drafts are rejected, so decode steps happen at the same anchors
         # in both runs: nearly every anchor must be comparable.
@@ -270,7 +276,9 @@ def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path):
     assert mismatched_requests(alone, crowded) == []
 
 
-def test_contamination_check_fails_with_swapped_draft_block_tables(tiny, tmp_path, monkeypatch):
+def test_contamination_check_fails_with_swapped_draft_block_tables(
+    tiny, tmp_path, monkeypatch, alone
+):
     """The check above has teeth: when the draft reads and writes its context
     through two requests' swapped block-table rows, their drafts change."""
     from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
@@ -285,8 +293,7 @@ def test_contamination_check_fails_with_swapped_draft_block_tables(tiny, tmp_pat
         return set_inputs(self, *args, cad=cad, **kwargs)
 
     monkeypatch.setattr(DSparkPagedProposer, "set_inputs_first_pass", swapped_rows)
-    alone, crowded = drafts_alone_and_crowded(tiny, tmp_path)
-    assert len(mismatched_requests(alone, crowded)) >= 2
+    assert len(mismatched_requests(alone, crowded_drafts(tiny, tmp_path))) >= 2
 
 
 # --- Checkpoint layouts -----------------------------------------------------------
