@@ -310,6 +310,26 @@ def read_draft_log(
     return by_request
 
 
+def drafts_one_by_one(
+    target: Path,
+    draft: Path,
+    prompts: list[str],
+    max_tokens: list[int],
+    log: Path,
+    **engine_args: Any,
+) -> list[dict[int, dict[str, Any]]]:
+    """Each prompt served on its own, one after another in one engine: its draft-log records
+    by anchor (``log`` is rewritten for each)."""
+    drafts = []
+    with TinyEngine(target, dspark_config(draft, dspark_draft_log=str(log)), **engine_args) as e:
+        for prompt, tokens in zip(prompts, max_tokens, strict=True):
+            log.unlink(missing_ok=True)
+            e.generate([prompt], tokens)
+            (records,) = read_draft_log(log).values()
+            drafts.append(records)
+    return drafts
+
+
 def draft_steps(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, Any]]]:
     """``read_draft_log`` less what differs between runs and ranks (the request-id
     suffix, the rank): what two runs that drafted alike have in common."""

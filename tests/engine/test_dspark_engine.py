@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from dspark_demo import tiny_models
-from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
+from dspark_demo.engine import (
+    TinyEngine,
+    drafts_one_by_one,
+    dspark_config,
+    read_draft_log,
+    run_engine,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -66,19 +72,6 @@ def only_request(log: Path) -> dict:
     }
 
 
-def first_drafts(tiny, draft: Path, target: Path, prompts: list[str], tmp_path: Path) -> list:
-    """Each prompt's first drafted block, the prompts run one after another."""
-    drafts = []
-    for index, prompt in enumerate(prompts):
-        log = tmp_path / f"first-{draft.name}-{index}.jsonl"
-        run_engine(
-            target, [prompt], 2, dspark_config(draft, dspark_draft_log=str(log)), max_num_seqs=1
-        )
-        by_anchor = only_request(log)
-        drafts.append(by_anchor[min(by_anchor)])
-    return drafts
-
-
 @pytest.mark.parametrize("draft", ["bigram", "random"])
 def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
     """The drafts the lossless and contamination tests compare depend on the
@@ -87,7 +80,9 @@ def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
     target = tiny.bigram_target if draft == "bigram" else tiny.random_target
     endings = " w40 w41 w42"
     prompts = [" ".join(f"w{100 + 7 * i + j}" for j in range(24)) + endings for i in range(4)]
-    records = first_drafts(tiny, getattr(tiny, f"{draft}_draft"), target, prompts, tmp_path)
+    draft_dir, log = getattr(tiny, f"{draft}_draft"), tmp_path / "first.jsonl"
+    by_prompt = drafts_one_by_one(target, draft_dir, prompts, [2] * 4, log, max_num_seqs=1)
+    records = [by_anchor[min(by_anchor)] for by_anchor in by_prompt]
     anchors = {(r["anchor"], r["anchor_token"]) for r in records}
     if draft == "bigram":  # the bigram target's next token depends on the last token only
         assert len(anchors) == 1, anchors
@@ -238,20 +233,18 @@ def crowded_drafts(tiny, tmp_path: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def alone(tiny, tmp_path_factory) -> dict:
-    """Each request's drafts served on its own, one after another in one engine; shared by the
-    check and its control (whose fault needs two requests in a batch, so it cannot act here)."""
+    """Each request's drafts served on its own; shared by the check and its control (whose
+    fault needs two requests in a batch, so it cannot act here)."""
     log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
-    alone_drafts = {}
-    with TinyEngine(
-        tiny.random_target, dspark_config(tiny.random_draft, dspark_draft_log=str(log)), **ALONE
-    ) as engine:
-        for index, (prompt, max_tokens) in enumerate(
-            zip(CONTAMINATION_PROMPTS, CONTAMINATION_MAX_TOKENS, strict=True)
-        ):
-            log.unlink(missing_ok=True)
-            engine.generate([prompt], max_tokens)
-            alone_drafts[str(index)] = only_request(log)
-    return alone_drafts
+    by_prompt = drafts_one_by_one(
+        tiny.random_target,
+        tiny.random_draft,
+        CONTAMINATION_PROMPTS,
+        CONTAMINATION_MAX_TOKENS,
+        log,
+        **ALONE,
+    )
+    return {str(index): records for index, records in enumerate(by_prompt)}
 
 
 def mismatched_requests(alone, crowded) -> list[str]:

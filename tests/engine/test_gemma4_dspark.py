@@ -30,6 +30,7 @@ from dspark_demo import tiny_models
 from dspark_demo.engine import (
     EngineUnavailable,
     TinyEngine,
+    drafts_one_by_one,
     dspark_config,
     read_draft_log,
     run_engine,
@@ -264,20 +265,13 @@ CROWDED = dict(
 
 @pytest.fixture(scope="module")
 def alone(gemma, tmp_path_factory) -> dict:
-    """Each request's drafts served on its own, one after another in one engine; shared by the
-    check and its control (whose fault needs two requests in a batch, so it cannot act here)."""
-    alone_drafts = {}
+    """Each request's drafts served on its own; shared by the check and its control (whose
+    fault needs two requests in a batch, so it cannot act here)."""
     log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
-    with TinyEngine(
-        gemma.random_target, dspark_config(gemma.random_draft, dspark_draft_log=str(log))
-    ) as engine:
-        for index, (prompt, max_tokens) in enumerate(
-            zip(LOSSLESS_PROMPTS, CONTAMINATION_MAX_TOKENS, strict=True)
-        ):
-            log.unlink(missing_ok=True)
-            engine.generate([prompt], max_tokens)
-            (alone_drafts[str(index)],) = read_draft_log(log).values()
-    return alone_drafts
+    by_prompt = drafts_one_by_one(
+        gemma.random_target, gemma.random_draft, LOSSLESS_PROMPTS, CONTAMINATION_MAX_TOKENS, log
+    )
+    return {str(index): records for index, records in enumerate(by_prompt)}
 
 
 def mismatches_among_others(gemma, tmp_path: Path, alone: dict) -> dict[str, int]:
