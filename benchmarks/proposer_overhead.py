@@ -12,7 +12,7 @@ warm-up.
 
 It also counts, inside the same steps, the aten ops that wait for the device
 on a GPU (``.item()``, ``nonzero``, boolean-mask indexing, ...; see
-``benchmarks/host_syncs.py``). On this CPU those include ops on vLLM's host-side
+``dspark_demo/host_syncs.py``). On this CPU those include ops on vLLM's host-side
 copies, so a count is an upper bound; zero means the step has none.
 """
 
@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.host_syncs import HostSyncRecorder
 from dspark_demo import tiny_models
 from dspark_demo.engine import ENGINE_ENV
+from dspark_demo.host_syncs import HostSyncRecorder
 
 
 class ModelTime:

@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.engine_v4 import tiny_v4
-from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+from dspark_demo import tiny_v4
+from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     CheckpointDraftTensors,
     DeepSeekV4DSparkConfig,

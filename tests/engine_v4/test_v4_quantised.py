@@ -14,8 +14,9 @@ import types
 import pytest
 import torch
 
-from tests.engine_v4 import quantise_v4, tiny_v4
-from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+from dspark_demo import tiny_v4
+from dspark_demo.v4_draft import build_draft, v4_vllm_config
+from tests.engine_v4 import quantise_v4
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 
