@@ -450,8 +450,8 @@ def tiny_v4_drafter(device, seed: int):
             self.w2 = nn.Linear(rank, vocab, bias=False)
             self.conf = nn.Linear(hidden + rank, 1)
 
-        def embed_tokens(self, token_ids):
-            return self.embed(token_ids)
+        def embed_input_ids(self, input_ids):
+            return self.embed(input_ids)
 
         def compute_logits(self, hidden_states):
             return self.lm_head(hidden_states)
@@ -462,7 +462,7 @@ def tiny_v4_drafter(device, seed: int):
         def markov_bias(self, embed):
             return self.w2(embed)
 
-        def confidence(self, hidden_states, embed):
+        def compute_confidence(self, hidden_states, embed):
             return torch.sigmoid(self.conf(torch.cat([hidden_states, embed], -1))).squeeze(-1)
 
     torch.manual_seed(seed)
