@@ -112,6 +112,6 @@ def test_reported_lengths_shrink_the_verify_batch(tiny_qwen3, plain_outputs):
     run = run_with(tiny_qwen3, LengthSchedulingProposer)
     lengths = assert_verify_rows_follow_the_lengths(run, plain_outputs)
     # Patched metrics: how many verifications reached each draft position.
-    per_position = run.metrics["vllm:spec_decode_num_draft_tokens_per_pos"]
+    per_position = run.metrics["vllm:spec_decode_verified_drafts_per_pos"]
     assert per_position == [sum(n > pos for n in lengths) for pos in range(K)]
     assert per_position[0] > per_position[K - 1] > 0

@@ -68,7 +68,7 @@ def test_lengths_follow_the_confidence_and_output_is_lossless(
     assert run.token_ids == plain.token_ids
     drafts = run.drafts
     verified = run.metrics["vllm:spec_decode_num_draft_tokens"]
-    per_position = run.metrics["vllm:spec_decode_num_draft_tokens_per_pos"]
+    per_position = run.metrics["vllm:spec_decode_verified_drafts_per_pos"]
     if length == 0:
         assert verified == 0
         return
