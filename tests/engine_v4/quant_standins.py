@@ -15,8 +15,11 @@ dequantised at run time, bf16 activations) is not on that list, and its experts 
 ``TritonExperts``, which supports CUDA and XPU only. The MXFP4 stand-in is an experts class for
 that backend in torch: it is returned only where vLLM's own selection finds nothing, decodes each
 routed expert as vLLM's ``_dequant_mxfp4_ue8m0_gran32`` (its FlashInfer MoE-EP fallback) does
-and applies the clamped SwiGLU of ``CPUExpertsMxfp4``. ``test_quant_standins.py`` checks both
-against plain loops and, where the host has AMX, against vLLM's own kernels.
+and applies V4's clamped SwiGLU (``swiglu_limit``) as vLLM's GPU MoE does (``swiglu_limit_func``).
+vLLM's CPU kernels leave that clamp out for SiLU: its AMX MXFP4 kernel ignores the limit it is
+passed and its bf16 MoE is passed none, so the tests keep every SwiGLU input below the limit.
+``test_quant_standins.py`` checks both stand-ins against plain loops and, where the host has
+AMX, against vLLM's own kernels.
 """
 
 from __future__ import annotations
