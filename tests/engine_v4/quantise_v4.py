@@ -20,6 +20,7 @@ import re
 import torch
 from torch import Tensor
 
+from dspark_demo import tiny_v4
 from dspark_demo.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
 from dspark_demo.tiny_v4 import TINY_V4_CONFIG
 
@@ -139,3 +140,24 @@ def _mxfp4_values(packed: Tensor, scale: Tensor) -> Tensor:
     signed = torch.cat([E2M1_VALUES, -E2M1_VALUES])
     exponents = scale.view(torch.uint8).float() - E8M0_BIAS
     return signed[codes] * torch.exp2(exponents).repeat_interleave(MXFP4_GROUP, dim=1)
+
+
+# The draft's routed experts in the oracle checkpoint add nothing (its ``w2`` is zero). With
+# these gains they add about an eighth of the residual they are added to, and the SwiGLU inputs
+# stay far below V4's ``swiglu_limit`` of 10 (vLLM's CPU bf16 MoE, which the twin runs, does not
+# clamp; its MXFP4 MoE does).
+MOE_W2_GAIN = 20.0
+MOE_W13_GAIN = 0.5
+
+
+def moe_oracle_checkpoint(config: dict = QUANTISED_V4_CONFIG) -> dict[str, Tensor]:
+    """The context-dependent oracle (``target_noise`` 0.3) whose draft's routed experts contribute:
+    the random checkpoint's expert weights, ``w2`` times ``MOE_W2_GAIN``, ``w1``/``w3`` times
+    ``MOE_W13_GAIN``."""
+    checkpoint = tiny_v4.oracle_v4_checkpoint(config, target_noise=0.3)
+    random = tiny_v4.random_v4_checkpoint(config)
+    for name in checkpoint:
+        if name.startswith("mtp.") and _EXPERT.fullmatch(name):
+            gain = MOE_W2_GAIN if name.endswith("w2.weight") else MOE_W13_GAIN
+            checkpoint[name] = random[name] * gain
+    return checkpoint

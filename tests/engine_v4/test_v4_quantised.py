@@ -1,12 +1,15 @@
 """The DeepSeek-V4 draft as V4-Flash ships it: FP8 block-scaled linears, MXFP4 routed experts.
 
 The tiny V4 target and its ``mtp.*`` draft are quantised exactly as V4-Flash ships them
-(``quantise_v4.py``) and served in the real engine with vLLM's own kernels (its CPU FP8 block
-linear and CPU MXFP4 MoE, both AMX). Their dequantised bf16 twin holds the same values
-unquantised. Checked: the shipped formats decode, by vLLM's own helpers, to the twin's values;
-the loader puts every code and scale where vLLM's layers read it and refuses a missing scale by
-name; DSpark on the quantised checkpoint is lossless; and the quantised draft drafts what its twin
-drafts.
+(``quantise_v4.py``) and served in the real engine twice: on vLLM's own kernels (its CPU FP8
+block linear and CPU MXFP4 MoE, both AMX; skipped without AMX), and on the torch stand-ins
+(``quant_standins.py``) with AMX reported off as vLLM's CPU path reads it
+(``torch.cpu._is_amx_tile_supported()``, in this process, where the engine runs), which is what
+a CPU without AMX runs. Their dequantised bf16 twin holds the same values unquantised.
+Checked: the shipped formats decode, by vLLM's own helpers, to the twin's values; the loader
+puts every code and scale where vLLM's layers read it and refuses a missing scale by name; DSpark
+on the quantised checkpoint is lossless; the draft's MoE contributes; and the quantised draft
+drafts what its twin drafts.
 """
 
 import types
@@ -26,10 +29,30 @@ K = 4
 # A pair of distinct e8m0 scales with distinct transposes: 3 x 2 blocks of 128.
 WEIGHT_SHAPE = (3 * 128 - 40, 2 * 128)
 
-amx = pytest.mark.skipif(
-    not torch.cpu._is_amx_tile_supported(),
-    reason="vLLM's CPU FP8 block linear and MXFP4 MoE need AMX tiles; this CPU has none",
-)
+HAS_AMX = torch.cpu._is_amx_tile_supported()
+
+
+@pytest.fixture(scope="module", params=["amx", "standins"])
+def kernels(request):
+    """vLLM's own AMX kernels, or the stand-ins with AMX reported off for the module's tests."""
+    if request.param == "amx":
+        if not HAS_AMX:
+            pytest.skip("vLLM's CPU FP8 block linear and MXFP4 MoE need AMX tiles; none here")
+        yield request.param
+        return
+    from tests.engine_v4 import quant_standins
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.layers.quantization import mxfp4
+    from vllm.platforms import PlatformEnum
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        kernels = list(linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU])
+        patch.setitem(linear._POSSIBLE_FP8_BLOCK_KERNELS, PlatformEnum.CPU, kernels)
+        select = mxfp4.select_deepseek_v4_mxfp4_moe_backend
+        patch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", select)
+        quant_standins.install_quant_standins()
+        yield request.param
 
 
 def weight(seed: int, shape=WEIGHT_SHAPE) -> torch.Tensor:
@@ -119,7 +142,7 @@ def shipped_checkpoint():
 
 
 @pytest.fixture(scope="module")
-def quantised_draft(tmp_path_factory, shipped_checkpoint):
+def quantised_draft(tmp_path_factory, shipped_checkpoint, kernels):
     model_dir = tiny_v4.save_v4_target(
         tmp_path_factory.mktemp("v4q") / "target", shipped_checkpoint, CONFIG, keep_dtypes=True
     )
@@ -127,7 +150,20 @@ def quantised_draft(tmp_path_factory, shipped_checkpoint):
     return build_draft(vllm_config), vllm_config.speculative_config.draft_model_config.hf_config
 
 
-@amx
+def test_each_variant_runs_the_kernels_it_names(quantised_draft, kernels):
+    from tests.engine_v4.quant_standins import TorchFp8BlockScaledMMKernel, TorchMxfp4Experts
+    from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsMxfp4
+
+    stage = quantised_draft[0].backbone.stages[0]
+    linear = type(stage.attn.wq_b.quant_method.fp8_linear)
+    experts = stage.ffn.experts.routed_experts.quant_method.experts_cls
+    if kernels == "amx":
+        assert (linear, experts) == (CPUFp8BlockScaledMMKernel, CPUExpertsMxfp4)
+    else:
+        assert (linear, experts) == (TorchFp8BlockScaledMMKernel, TorchMxfp4Experts)
+
+
 def test_codes_and_scales_land_where_vllm_reads_them(quantised_draft, shipped_checkpoint):
     model, hf_config = quantised_draft
     load_deepseek_v4_draft(model, shipped_checkpoint, hf_config)
@@ -150,7 +186,6 @@ def test_codes_and_scales_land_where_vllm_reads_them(quantised_draft, shipped_ch
     assert torch.equal(w2, ckpt["mtp.1.ffn.experts.7.w2.weight"].view(torch.uint8))
 
 
-@amx
 @pytest.mark.parametrize(
     "name",
     ["mtp.0.attn.wo_a.scale", "mtp.1.ffn.shared_experts.w3.scale", "mtp.0.ffn.experts.9.w2.scale"],
@@ -197,11 +232,10 @@ def relative_errors(outputs: dict, reference: dict) -> dict[str, float]:
     }
 
 
-@amx
-def test_each_quantised_layer_computes_what_its_bf16_twin_computes(tmp_path):
-    """vLLM's FP8 block linear (W8A16) gives the twin's bf16 result exactly; its MXFP4 MoE
-    differs from the unquantised MoE by bf16 rounding only. With every stage-0 scale one
-    exponent off (a wrong e8m0 bias) the same comparison fails."""
+def test_each_quantised_layer_computes_what_its_bf16_twin_computes(tmp_path, kernels):
+    """The FP8 block linear (W8A16; vLLM's or the stand-in) gives the twin's bf16 result exactly;
+    the MXFP4 MoE differs from the unquantised MoE by bf16 rounding only. With every stage-0
+    scale one exponent off (a wrong e8m0 bias) the same comparison fails."""
     shipped, twin = quantise_v4.quantise_v4_checkpoint(tiny_v4.random_v4_checkpoint(CONFIG))
     reference = stage_outputs(tmp_path / "twin", twin, TWIN_CONFIG)
     errors = relative_errors(stage_outputs(tmp_path / "shipped", shipped, CONFIG), reference)
@@ -252,7 +286,7 @@ def quantised_models(tmp_path_factory):
     models = {}
     for kind, checkpoint in {
         "random": tiny_v4.random_v4_checkpoint(CONFIG),
-        "noisy": tiny_v4.oracle_v4_checkpoint(CONFIG, target_noise=0.3),
+        "moe": quantise_v4.moe_oracle_checkpoint(),
     }.items():
         shipped, twin = quantise_v4.quantise_v4_checkpoint(checkpoint)
         models[kind] = (
@@ -266,36 +300,89 @@ PROMPTS = [tiny_v4.cycle_prompt(10 + tiny_v4.PERIOD * i, 150 + 20 * i) for i in 
 MAX_TOKENS = [64, 72, 80]
 
 
-@amx
+def run_measuring_moe(model, log) -> tuple:
+    """DSpark with the draft log, and per draft stage ``|MoE output| / |its layer input|`` (the
+    mHC-mixed residual ``u`` of ``f = ffn(ffn_norm(u))``) over every row of the run."""
+    from dspark_demo.engine import TinyEngine
+    from tests.engine_v4.v4_harness import V4_ENGINE_ARGS
+
+    spec = dspark(K, dspark_draft_log=str(log))
+    with TinyEngine(model, spec, **V4_ENGINE_ARGS) as engine:
+        stages = engine.model_runner.drafter.model.backbone.stages
+        squares = [[0.0, 0.0] for _ in stages]
+        for stage, sums in zip(stages, squares, strict=True):
+            stage.ffn_norm.register_forward_pre_hook(
+                lambda _, args, sums=sums: sums.__setitem__(0, sums[0] + norm2(args[0]))
+            )
+            stage.ffn.register_forward_hook(
+                lambda _, args, out, sums=sums: sums.__setitem__(1, sums[1] + norm2(out))
+            )
+        run = engine.generate_stepwise(PROMPTS, MAX_TOKENS)
+    return run, [(f / u) ** 0.5 for u, f in squares]
+
+
+def norm2(x: torch.Tensor) -> float:
+    return x.float().pow(2).sum().item()
+
+
+@pytest.fixture(scope="module")
+def moe_runs(quantised_models, kernels, tmp_path_factory):
+    """The contributing-MoE draft, quantised and its twin, with draft logs and MoE ratios."""
+    root = tmp_path_factory.mktemp(f"moe-{kernels}")
+    logs = [root / "quantised.jsonl", root / "twin.jsonl"]
+    measured = [
+        run_measuring_moe(m, log) for m, log in zip(quantised_models["moe"], logs, strict=True)
+    ]
+    return logs, [run for run, _ in measured], [ratios for _, ratios in measured]
+
+
 @pytest.mark.engine
-def test_quantised_draft_is_lossless(quantised_models):
-    """The context-dependent oracle target, quantised: drafts both accepted and rejected, and
-    greedy output equal to plain decoding. (A random target is no test of this here: its near
-    ties flip with batch composition in plain decoding alone, quantised or bf16.)"""
-    quantised, _ = quantised_models["noisy"]
+def test_quantised_draft_is_lossless(quantised_models, moe_runs):
+    """The context-dependent oracle target, quantised, its draft's MoE contributing: drafts both
+    accepted and rejected, and greedy output equal to plain decoding. (A random target is no test
+    of this here: its near ties flip with batch composition in plain decoding alone.)"""
+    quantised, _ = quantised_models["moe"]
     plain = run_v4(quantised, PROMPTS, MAX_TOKENS)
-    run = run_v4(quantised, PROMPTS, MAX_TOKENS, dspark(K))
+    run = moe_runs[1][0]
     assert run.token_ids == plain.token_ids
     accepted = run.metrics["vllm:spec_decode_num_accepted_tokens"]
     assert 0 < accepted < run.metrics["vllm:spec_decode_num_draft_tokens"]
 
 
-@amx
 @pytest.mark.engine
-@pytest.mark.parametrize("kind", ["noisy", "random"])
-def test_quantised_draft_drafts_as_its_bf16_twin(quantised_models, kind, tmp_path):
-    """The oracle draft (its reads have wide margins) and a random one against their twins.
-    Every draft token of the random draft is an argmax among near ties, and its MoE sees the
-    bf16-level difference between vLLM's MXFP4 and unquantised MoE: it keeps a lower floor."""
+def test_the_drafts_moe_contributes(moe_runs):
+    """Each draft stage's MoE output is a sizeable fraction of the residual it is added to (the
+    oracle checkpoint's draft MoE, with zero ``w2``, gives 0)."""
+    ratios = moe_runs[2][0]
+    print(f"draft MoE output / layer input, per stage: {ratios}")
+    assert min(ratios) > 0.1
+
+
+@pytest.mark.engine
+def test_quantised_draft_drafts_as_its_bf16_twin(moe_runs):
+    """The oracle draft with a contributing MoE against its twin: the same drafts at >= 99% of
+    the draft tokens (with every draft expert scale one exponent off, 75/292 on the stand-ins
+    and 74/292 on AMX: the MoE decides drafts)."""
+    logs, runs, _ = moe_runs
+    equal, total = draft_agreement(logs, runs)
+    print(f"moe: drafts equal to the bf16 twin's at {equal}/{total} ({equal / total:.2%})")
+    assert total >= 200
+    assert equal >= 0.99 * total
+
+
+@pytest.mark.engine
+def test_random_quantised_draft_mostly_drafts_as_its_bf16_twin(quantised_models, kernels, tmp_path):
+    """A random draft: every draft token is an argmax among near ties, and its MoE sees the
+    bf16-level difference between the MXFP4 and unquantised MoE: a lower floor."""
     logs = [tmp_path / "quantised.jsonl", tmp_path / "twin.jsonl"]
     runs = [
         run_v4(model, PROMPTS, MAX_TOKENS, dspark(K, dspark_draft_log=str(log)))
-        for model, log in zip(quantised_models[kind], logs, strict=True)
+        for model, log in zip(quantised_models["random"], logs, strict=True)
     ]
     equal, total = draft_agreement(logs, runs)
-    print(f"{kind}: drafts equal to the bf16 twin's at {equal}/{total} ({equal / total:.2%})")
+    print(f"random: drafts equal to the bf16 twin's at {equal}/{total} ({equal / total:.2%})")
     assert total >= 200
-    assert equal >= (0.99 if kind == "noisy" else 0.85) * total
+    assert equal >= 0.85 * total
 
 
 def test_the_targets_own_quantization_is_not_refused_and_another_is():
