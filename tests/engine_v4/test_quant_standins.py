@@ -76,8 +76,9 @@ def test_registered_only_where_vllm_has_no_kernel(monkeypatch, amx, moe_config):
 
 @pytest.fixture(scope="module")
 def moe_config(tmp_path_factory):
-    """The FusedMoEConfig of the quantised draft's stage-0 experts (built on the meta device with
-    the stand-ins, AMX reported off)."""
+    """The FusedMoEConfig of the quantised draft's stage-0 experts (built with the stand-ins, AMX
+    reported off). Built on cpu, not meta: vLLM caches rotary embeddings by their arguments
+    (``get_rope``'s ``_ROPE_DICT``), and a meta one broke the next V4 engine of the session."""
     from dspark_demo import tiny_v4
     from dspark_demo.v4_draft import build_draft, v4_vllm_config
     from vllm.model_executor.kernels import linear
@@ -96,8 +97,8 @@ def moe_config(tmp_path_factory):
         select = mxfp4.select_deepseek_v4_mxfp4_moe_backend
         patch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", select)
         quant_standins.install_quant_standins()
-        model = build_draft(v4_vllm_config(model_dir), device="meta")
-    return model.backbone.stages[0].ffn.experts.routed_experts.moe_config
+        model = build_draft(v4_vllm_config(model_dir))
+    return model.backbone.layers[0].ffn.experts.routed_experts.moe_config
 
 
 def test_vllms_emulation_backend_cannot_serve_this_cpu(monkeypatch, moe_config):

@@ -155,7 +155,7 @@ def test_each_variant_runs_the_kernels_it_names(quantised_draft, kernels):
     from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsMxfp4
 
-    stage = quantised_draft[0].backbone.stages[0]
+    stage = quantised_draft[0].backbone.layers[0]
     linear = type(stage.attn.wq_b.quant_method.fp8_linear)
     experts = stage.ffn.experts.routed_experts.quant_method.experts_cls
     if kernels == "amx":
@@ -308,7 +308,7 @@ def run_measuring_moe(model, log) -> tuple:
 
     spec = dspark(K, dspark_draft_log=str(log))
     with TinyEngine(model, spec, **V4_ENGINE_ARGS) as engine:
-        stages = engine.model_runner.drafter.model.backbone.stages
+        stages = engine.model_runner.drafter.model.backbone.layers
         squares = [[0.0, 0.0] for _ in stages]
         for stage, sums in zip(stages, squares, strict=True):
             stage.ffn_norm.register_forward_pre_hook(
