@@ -202,14 +202,14 @@ def format_report(report: dict, args: argparse.Namespace) -> str:
     lines = [
         f"{args.drafts} drafts, k = {args.k}, {args.rounds} rounds; per step, median over "
         "rounds [interquartile range] {min-max}",
-        f"{'method':<7}{'batch':>6}{'steps':>7}{'propose() us':>26}{'outside network us':>26}"
+        f"{'method':<7}{'batch':>6}{'steps':>7}{'propose() us':>34}{'outside network us':>34}"
         f"{'max sync ops/step':>19}",
     ]
     for method, by_batch in report["results"].items():
         for batch_size, r in by_batch.items():
             lines.append(
-                f"{method:<7}{batch_size:>6}{r['steps']:>7}{_cell(r['propose_us']):>26}"
-                f"{_cell(r['outside_network_us']):>26}{r['max_syncs_per_step']:>19}  "
+                f"{method:<7}{batch_size:>6}{r['steps']:>7}{_cell(r['propose_us']):>34}"
+                f"{_cell(r['outside_network_us']):>34}{r['max_syncs_per_step']:>19}  "
                 + " ".join(r["sync_ops"])
             )
     lines.append("DSpark / DFlash per step:")
