@@ -41,8 +41,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.host_syncs import HostSyncRecorder
 from dspark_demo.engine import EngineUnavailable, TinyEngine
+from dspark_demo.host_syncs import HostSyncRecorder
 from dspark_demo.tiny_models import (
     VOCAB_SIZE,
     DSparkDraftSpec,
@@ -184,7 +184,7 @@ def timed_window(
 
 def host_syncs_per_step(engine: TinyEngine, prompts: list[list[int]]) -> list[str]:
     """The ops that would make the host wait for the GPU in the drafter's step,
-    over the draft steps of one warm generate call (benchmarks/host_syncs.py)."""
+    over the draft steps of one warm generate call (dspark_demo/host_syncs.py)."""
     drafter = engine.model_runner.drafter
     propose = drafter.propose
     per_step: list[list[str]] = []

@@ -1,6 +1,6 @@
 """Peak host memory of loading the DeepSeek-V4 DSpark draft, against its ``mtp.*`` bytes.
 
-Writes the tiny V4 checkpoint (``tests/engine_v4/tiny_v4.py``) scaled up by its hidden and expert
+Writes the tiny V4 checkpoint (``dspark_demo/tiny_v4.py``) scaled up by its hidden and expert
 sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft, then loads
 the draft in a fresh process per way, side by side:
 
@@ -47,7 +47,7 @@ def _rchar() -> int:
 
 def write_checkpoint(model_dir: Path, hidden_size: int, moe_intermediate_size: int) -> int:
     """The scaled tiny V4 checkpoint (bf16); returns its ``mtp.*`` bytes."""
-    from tests.engine_v4 import tiny_v4
+    from dspark_demo import tiny_v4
 
     config = {
         **tiny_v4.TINY_V4_CONFIG,
@@ -61,7 +61,7 @@ def write_checkpoint(model_dir: Path, hidden_size: int, moe_intermediate_size: i
 
 def measure(way: str, model_dir: Path) -> dict:
     """Load the draft one way in this process; the growth of its peak RSS and of its reads."""
-    from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+    from dspark_demo.v4_draft import build_draft, v4_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.utils import get_draft_load_config
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator

@@ -290,16 +290,44 @@ def counter_increments(after: dict[str, Any], before: dict[str, Any]) -> dict[st
     return result
 
 
-def read_draft_log(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, Any]]]:
+def read_draft_log(
+    path: Path, rank: int = 0, first: bool = False
+) -> dict[str, dict[int, dict[str, Any]]]:
     """One tensor-parallel rank's ``dspark_draft_log`` records by request
     (prompt index) and anchor position. The engine suffixes request ids
-    (``"3-9a1b"``); the prefix is the prompt's index in the ``generate`` call."""
+    (``"3-9a1b"``); the prefix is the prompt's index in the ``generate`` call.
+
+    An anchor logged twice keeps its last record, or with ``first`` its first: a preempted
+    request's resumed prefill drafts again from anchors it decoded from before, and the
+    scheduler discards drafts of a partial prefill, so the first record is the one verified."""
     by_request: dict[str, dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for line in path.read_text().splitlines():
         record = json.loads(line)
         if record["rank"] == rank:
-            by_request[record["req_id"].rsplit("-", 1)[0]][record["anchor"]] = record
+            records = by_request[record["req_id"].rsplit("-", 1)[0]]
+            if not (first and record["anchor"] in records):
+                records[record["anchor"]] = record
     return by_request
+
+
+def drafts_one_by_one(
+    target: Path,
+    draft: Path,
+    prompts: list[str],
+    max_tokens: list[int],
+    log: Path,
+    **engine_args: Any,
+) -> list[dict[int, dict[str, Any]]]:
+    """Each prompt served on its own, one after another in one engine: its draft-log records
+    by anchor (``log`` is rewritten for each)."""
+    drafts = []
+    with TinyEngine(target, dspark_config(draft, dspark_draft_log=str(log)), **engine_args) as e:
+        for prompt, tokens in zip(prompts, max_tokens, strict=True):
+            log.unlink(missing_ok=True)
+            e.generate([prompt], tokens)
+            (records,) = read_draft_log(log).values()
+            drafts.append(records)
+    return drafts
 
 
 def draft_steps(path: Path, rank: int = 0) -> dict[str, dict[int, dict[str, Any]]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from dspark_demo.tiny_models import build_qwen3_target
+from tests.helpers import free_port
 
 SERVER_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -26,12 +26,6 @@ SERVER_ENV = {
 STARTUP_TIMEOUT_S = 420
 # The tiny tokenizer has no chat template; this one lets the chat API run.
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture
@@ -110,7 +104,7 @@ class LocalServer:
 def tiny_servers(tmp_path_factory) -> Iterator[dict[str, LocalServer]]:
     """A speculative server (draft = target, k = 3, so every draft is accepted)
     and a matched plain server, both on the same tiny Qwen3 target."""
-    root = tmp_path_factory.mktemp("serve_bench")
+    root = tmp_path_factory.mktemp("servers")
     target = build_qwen3_target(root / "target")
     template = root / "chat_template.jinja"
     template.write_text(CHAT_TEMPLATE)

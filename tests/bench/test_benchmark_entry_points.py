@@ -21,7 +21,7 @@ BENCHMARKS = sorted(
 
 
 def test_the_benchmarks_are_found():
-    assert {"draft_sampling", "markov_topk", "cpu_side_by_side", "serve_bench"} <= set(BENCHMARKS)
+    assert {"draft_sampling", "markov_topk", "cpu_side_by_side", "serve_summary"} <= set(BENCHMARKS)
 
 
 @pytest.mark.parametrize("name", BENCHMARKS)

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from standin import StandinError, ensure_standin
 
 from dspark_demo import tiny_models
 from installer.vllm_tree import locate
+from tests.helpers import free_port
 
 BUILD_TIMEOUT_S = 900
 READY_TIMEOUT_S = 600
@@ -167,12 +167,6 @@ def images(docker, standin) -> Iterator[dict[str, str]]:
     finally:
         for tag in (*tags.values(), f"{TEST_REPOSITORY}:edited"):
             docker("image", "rm", "--force", tag, check=False)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -21,6 +21,7 @@ from installer.hashing import sha256_hex
 from installer.pins import PatchPin, dump
 from installer.pins import load as load_pins
 from installer.unified_diff import parse
+from tests.helpers import replace_file
 
 PYTHON = sys.executable
 # A small real vLLM file for the generated patch, and a generated overlay package.
@@ -68,12 +69,6 @@ def image_root(tmp_path) -> Path:
                 target.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(origin, target / origin.name)
     return root
-
-
-def replace_file(path: Path, data: bytes) -> None:
-    """Swap a farm symlink for a real file, leaving the file it pointed to alone."""
-    path.unlink()
-    path.write_bytes(data)
 
 
 def run_script(image_root: Path, site: Path, **env: str) -> subprocess.CompletedProcess:

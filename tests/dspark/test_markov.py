@@ -1,6 +1,9 @@
 """The Markov chain: top-k exactness, probabilistic drafts, and losslessness with vLLM's rejection
 sampler at temperature > 0."""
 
+from functools import partial
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -11,7 +14,9 @@ from vllm.platforms import current_platform
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import rejection_sample
-from vllm.v1.spec_decode.dspark.markov import greedy_sample, markov_chain, position_sampler
+from vllm.v1.spec_decode.dspark.markov import greedy_sample, markov_chain
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -19,6 +24,18 @@ def cpu_kernels():
     """The rejection sampler's kernels as a V1 worker registers them on this platform (vLLM's
     C++ implementations when Triton is absent)."""
     current_platform.register_triton_kernel_overrides()
+
+
+def position_sampler(probabilistic: bool, metadata: SamplingMetadata):
+    """The proposers' per-position sampler: vLLM's ``_sample_from_logits`` (greedy_sample for
+    greedy drafts or all-greedy batches)."""
+    proposer = SimpleNamespace(
+        options=SimpleNamespace(probabilistic=probabilistic),
+        _enable_probabilistic_draft_probs=probabilistic,
+        use_fp64_gumbel=False,
+    )
+    proposer._sample_from_logits = partial(SpecDecodeBaseProposer._sample_from_logits, proposer)
+    return DSparkProposerMixin._position_sampler(proposer, metadata)
 
 
 def sampling_metadata(temperature: torch.Tensor) -> SamplingMetadata:

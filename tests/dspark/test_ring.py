@@ -15,7 +15,8 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from benchmarks.host_syncs import HostSyncRecorder
+from dspark_demo.host_syncs import HostSyncRecorder
+from tests.helpers import RowIndexedSlots
 from vllm.v1.spec_decode.dspark import ring as ring_module
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask
 from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment, SlotTable
@@ -375,19 +376,6 @@ def invariance_violations(lives, steps, make_table) -> list[int]:
         if alone[i] != together[i]:
             violations.append(i)
     return violations
-
-
-class RowIndexedSlots:
-    """The reference recipe before its fix: the ring row is the batch row."""
-
-    def __init__(self, capacity: int) -> None:
-        self.scratch_slot = capacity
-
-    def assign(self, req_ids):
-        return SlotAssignment(list(range(len(req_ids))), [])
-
-    def release(self, req_id):
-        pass
 
 
 def load_reference_row_to_slot():

@@ -97,14 +97,6 @@ def test_duplicate_ids_in_one_batch_are_rejected():
         table.assign(["a", "b", "a"])
 
 
-def test_padding_rows_use_only_the_scratch_slot():
-    table = SlotTable(3)
-    slots = table.assign(["a", "b"]).slots
-    assert table.scratch_slot == 3
-    assert table.padded_slots(slots, 5) == [0, 1, 3, 3, 3]
-    assert table.padded_slots(slots, 2) == [0, 1]
-
-
 @given(st.lists(st.lists(st.sampled_from("abcdefgh"), max_size=4, unique=True), max_size=30))
 def test_assignment_is_a_pure_function_of_the_calls(batches):
     """Two tables (two tensor-parallel ranks) fed the same calls agree on every slot."""
@@ -184,8 +176,8 @@ class SlotTableLifetimes(RuleBasedStateMachine):
         for req_id in [r for r in self.slot_of if r not in self.live]:
             self._forget(req_id)
 
-    @rule(data=st.data(), num_pad=st.integers(0, 3))
-    def step(self, data, num_pad):
+    @rule(data=st.data())
+    def step(self, data):
         running = sorted(self.live - self.preempted)
         batch = data.draw(st.permutations(running)).copy()
         batch = batch[: data.draw(st.integers(0, min(len(batch), self.capacity)))]
@@ -224,8 +216,6 @@ class SlotTableLifetimes(RuleBasedStateMachine):
         for req_id, slot in zip(batch, slots, strict=True):
             self.slot_of[req_id] = slot
             self.last_step[req_id] = self.step_no
-        padded = self.table.padded_slots(slots, len(batch) + num_pad)
-        assert padded[len(batch) :] == [self.capacity] * num_pad
         assert self.capacity not in slots
 
     @invariant()

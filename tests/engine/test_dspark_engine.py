@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from dspark_demo import tiny_models
-from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
+from dspark_demo.engine import (
+    TinyEngine,
+    drafts_one_by_one,
+    dspark_config,
+    read_draft_log,
+    run_engine,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -66,19 +72,6 @@ def only_request(log: Path) -> dict:
     }
 
 
-def first_drafts(tiny, draft: Path, target: Path, prompts: list[str], tmp_path: Path) -> list:
-    """Each prompt's first drafted block, the prompts run one after another."""
-    drafts = []
-    for index, prompt in enumerate(prompts):
-        log = tmp_path / f"first-{draft.name}-{index}.jsonl"
-        run_engine(
-            target, [prompt], 2, dspark_config(draft, dspark_draft_log=str(log)), max_num_seqs=1
-        )
-        by_anchor = only_request(log)
-        drafts.append(by_anchor[min(by_anchor)])
-    return drafts
-
-
 @pytest.mark.parametrize("draft", ["bigram", "random"])
 def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
     """The drafts the lossless and contamination tests compare depend on the
@@ -87,7 +80,9 @@ def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
     target = tiny.bigram_target if draft == "bigram" else tiny.random_target
     endings = " w40 w41 w42"
     prompts = [" ".join(f"w{100 + 7 * i + j}" for j in range(24)) + endings for i in range(4)]
-    records = first_drafts(tiny, getattr(tiny, f"{draft}_draft"), target, prompts, tmp_path)
+    draft_dir, log = getattr(tiny, f"{draft}_draft"), tmp_path / "first.jsonl"
+    by_prompt = drafts_one_by_one(target, draft_dir, prompts, [2] * 4, log, max_num_seqs=1)
+    records = [by_anchor[min(by_anchor)] for by_anchor in by_prompt]
     anchors = {(r["anchor"], r["anchor_token"]) for r in records}
     if draft == "bigram":  # the bigram target's next token depends on the last token only
         assert len(anchors) == 1, anchors
@@ -97,7 +92,7 @@ def test_the_context_reaches_the_drafts(tiny, tmp_path, draft):
 @pytest.mark.parametrize("k", [K, 2])
 def test_oracle_draft_is_always_accepted(tiny, k):
     run = run_engine(
-        tiny.zero_lm_head_target,
+        tiny.zero_target,
         varied_prompts(4),
         32,
         dspark_config(tiny.oracle_draft, k=k),
@@ -223,7 +218,7 @@ CROWDED = dict(max_num_seqs=4, max_num_batched_tokens=48, num_gpu_blocks_overrid
 ALONE = dict(max_num_seqs=4)
 
 
-def drafts_alone_and_crowded(tiny, tmp_path: Path):
+def crowded_drafts(tiny, tmp_path: Path) -> dict:
     crowded_log = tmp_path / "crowded.jsonl"
     crowded = run_engine(
         tiny.random_target,
@@ -233,19 +228,23 @@ def drafts_alone_and_crowded(tiny, tmp_path: Path):
         **CROWDED,
     )
     assert crowded.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
-    alone_drafts = {}
-    with TinyEngine(
+    return read_draft_log(crowded_log, first=True)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny, tmp_path_factory) -> dict:
+    """Each request's drafts served on its own; shared by the check and its control (whose
+    fault needs two requests in a batch, so it cannot act here)."""
+    log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
+    by_prompt = drafts_one_by_one(
         tiny.random_target,
-        dspark_config(tiny.random_draft, dspark_draft_log=str(tmp_path / "alone.jsonl")),
+        tiny.random_draft,
+        CONTAMINATION_PROMPTS,
+        CONTAMINATION_MAX_TOKENS,
+        log,
         **ALONE,
-    ) as engine:
-        for index, (prompt, max_tokens) in enumerate(
-            zip(CONTAMINATION_PROMPTS, CONTAMINATION_MAX_TOKENS, strict=True)
-        ):
-            (tmp_path / "alone.jsonl").unlink(missing_ok=True)
-            engine.generate([prompt], max_tokens)
-            alone_drafts[str(index)] = only_request(tmp_path / "alone.jsonl")
-    return alone_drafts, read_draft_log(crowded_log)
+    )
+    return {str(index): records for index, records in enumerate(by_prompt)}
 
 
 def mismatched_requests(alone, crowded) -> list[str]:
@@ -260,8 +259,8 @@ def mismatched_requests(alone, crowded) -> list[str]:
     ]
 
 
-def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path):
-    alone, crowded = drafts_alone_and_crowded(tiny, tmp_path)
+def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path, alone):
+    crowded = crowded_drafts(tiny, tmp_path)
     for request, by_anchor in alone.items():
         # Random drafts are rejected, so decode steps happen at the same anchors
         # in both runs: nearly every anchor must be comparable.
@@ -270,7 +269,9 @@ def test_drafts_are_the_same_alone_and_among_churning_requests(tiny, tmp_path):
     assert mismatched_requests(alone, crowded) == []
 
 
-def test_contamination_check_fails_with_swapped_draft_block_tables(tiny, tmp_path, monkeypatch):
+def test_contamination_check_fails_with_swapped_draft_block_tables(
+    tiny, tmp_path, monkeypatch, alone
+):
     """The check above has teeth: when the draft reads and writes its context
     through two requests' swapped block-table rows, their drafts change."""
     from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
@@ -285,8 +286,7 @@ def test_contamination_check_fails_with_swapped_draft_block_tables(tiny, tmp_pat
         return set_inputs(self, *args, cad=cad, **kwargs)
 
     monkeypatch.setattr(DSparkPagedProposer, "set_inputs_first_pass", swapped_rows)
-    alone, crowded = drafts_alone_and_crowded(tiny, tmp_path)
-    assert len(mismatched_requests(alone, crowded)) >= 2
+    assert len(mismatched_requests(alone, crowded_drafts(tiny, tmp_path))) >= 2
 
 
 # --- Checkpoint layouts -----------------------------------------------------------

@@ -38,11 +38,16 @@ def run_recording_rejection(
         return engine.generate(PROMPTS, MAX_TOKENS, temperature).token_ids, calls
 
 
+@pytest.fixture(scope="module")
+def plain(tiny):
+    """The bigram target's greedy output without speculative decoding."""
+    return run_engine(tiny.bigram_target, PROMPTS, MAX_TOKENS)
+
+
 # --- draft_sample_method --------------------------------------------------------------------------
 
 
-def test_probabilistic_drafts_stay_token_exact_for_greedy_requests(tiny):
-    plain = run_engine(tiny.bigram_target, PROMPTS, MAX_TOKENS)
+def test_probabilistic_drafts_stay_token_exact_for_greedy_requests(tiny, plain):
     run = run_engine(
         tiny.bigram_target,
         PROMPTS,
@@ -118,11 +123,10 @@ def test_draft_topk_restricts_the_markov_chain_to_the_top_base_logits(tiny, tmp_
     assert drafts_by_step(logs["top-vocab"]) == drafts_by_step(logs["full"])
 
 
-def test_draft_config_fields_reach_the_paged_qwen3_draft(tiny):
+def test_draft_config_fields_reach_the_paged_qwen3_draft(tiny, plain):
     """Full-attention drafts run through vLLM's own draft config, as DFlash does: a field that
     config carries (here the attention backend) starts the engine and stays lossless. The ring
     proposer (DeepSeek-V4) refuses it (tests/dspark/test_options.py)."""
-    plain = run_engine(tiny.bigram_target, PROMPTS, MAX_TOKENS)
     run = run_engine(
         tiny.bigram_target,
         PROMPTS,

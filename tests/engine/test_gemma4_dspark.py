@@ -21,7 +21,6 @@ after the cap.
 import dataclasses
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +30,7 @@ from dspark_demo import tiny_models
 from dspark_demo.engine import (
     EngineUnavailable,
     TinyEngine,
+    drafts_one_by_one,
     dspark_config,
     read_draft_log,
     run_engine,
@@ -47,35 +47,6 @@ PROMPTS = [
 ]
 MAX_TOKENS = [30, 36, 24]
 CHUNKED = dict(max_num_seqs=3, max_num_batched_tokens=32)
-
-
-@pytest.fixture(scope="module")
-def gemma(tmp_path_factory) -> SimpleNamespace:
-    root = tmp_path_factory.mktemp("gemma4")
-    spec = tiny_models.Gemma4DraftSpec()
-    bigram_spec = tiny_models.Gemma4DraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    random_target = tiny_models.build_gemma4_target(root / "random-target")
-    zero_target = tiny_models.build_gemma4_target(root / "zero-target", kind="zero-norm")
-    bigram_target = tiny_models.build_gemma4_target(root / "bigram-target", kind="bigram")
-    return SimpleNamespace(
-        spec=spec,
-        random_target=random_target,
-        zero_target=zero_target,
-        bigram_target=bigram_target,
-        random_draft=tiny_models.save_gemma4_draft(root / "random-draft", spec, random_target),
-        oracle_draft=tiny_models.save_gemma4_draft(
-            root / "oracle-draft",
-            spec,
-            zero_target,
-            tiny_models.oracle_gemma4_draft_weights(spec),
-        ),
-        bigram_draft=tiny_models.save_gemma4_draft(
-            root / "bigram-draft",
-            bigram_spec,
-            bigram_target,
-            tiny_models.bigram_gemma4_draft_weights(bigram_spec, bigram_target),
-        ),
-    )
 
 
 def proportional_rope(x: torch.Tensor, positions: torch.Tensor, rope: dict) -> torch.Tensor:
@@ -284,31 +255,37 @@ def test_drafts_after_a_prefix_cache_hit_equal_drafts_without_the_cache(gemma, t
 
 # Request 1 finishes early, so V1 condenses still-running requests into its row.
 CONTAMINATION_MAX_TOKENS = [40, 8, 45, 30, 20]
-CROWDED = dict(max_num_seqs=4, max_num_batched_tokens=48, num_gpu_blocks_override=16)
+# 12 KV blocks of 32 tokens, shared by the sliding and full layers' groups, cannot hold four
+# growing sequences: the scheduler preempts and later resumes requests (16 blocks, the fewest a
+# 256-token model length takes, preempt none; every request here fits in 160 tokens).
+CROWDED = dict(
+    max_num_seqs=4, max_num_batched_tokens=48, max_model_len=160, num_gpu_blocks_override=12
+)
 
 
-def drafts_alone_and_crowded(gemma, tmp_path: Path):
-    prompts = LOSSLESS_PROMPTS
+@pytest.fixture(scope="module")
+def alone(gemma, tmp_path_factory) -> dict:
+    """Each request's drafts served on its own; shared by the check and its control (whose
+    fault needs two requests in a batch, so it cannot act here)."""
+    log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
+    by_prompt = drafts_one_by_one(
+        gemma.random_target, gemma.random_draft, LOSSLESS_PROMPTS, CONTAMINATION_MAX_TOKENS, log
+    )
+    return {str(index): records for index, records in enumerate(by_prompt)}
+
+
+def mismatches_among_others(gemma, tmp_path: Path, alone: dict) -> dict[str, int]:
+    """Per request, the anchors whose drafts differ between the crowded run and ``alone``."""
     crowded_log = tmp_path / "crowded.jsonl"
-    run_engine(
+    crowded_run = run_engine(
         gemma.random_target,
-        prompts,
+        LOSSLESS_PROMPTS,
         CONTAMINATION_MAX_TOKENS,
         dspark_config(gemma.random_draft, dspark_draft_log=str(crowded_log)),
         **CROWDED,
     )
-    alone = {}
-    log = tmp_path / "alone.jsonl"
-    with TinyEngine(
-        gemma.random_target, dspark_config(gemma.random_draft, dspark_draft_log=str(log))
-    ) as engine:
-        for index, (prompt, max_tokens) in enumerate(
-            zip(prompts, CONTAMINATION_MAX_TOKENS, strict=True)
-        ):
-            log.unlink(missing_ok=True)
-            engine.generate([prompt], max_tokens)
-            (alone[str(index)],) = read_draft_log(log).values()
-    crowded = read_draft_log(crowded_log)
+    assert crowded_run.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
+    crowded = read_draft_log(crowded_log, first=True)
     return {
         request: sum(
             by_anchor[anchor]["drafts"] != crowded[request][anchor]["drafts"]
@@ -318,11 +295,13 @@ def drafts_alone_and_crowded(gemma, tmp_path: Path):
     }
 
 
-def test_drafts_are_the_same_alone_and_among_other_requests(gemma, tmp_path):
-    assert set(drafts_alone_and_crowded(gemma, tmp_path).values()) == {0}
+def test_drafts_are_the_same_alone_and_among_other_requests(gemma, tmp_path, alone):
+    assert set(mismatches_among_others(gemma, tmp_path, alone).values()) == {0}
 
 
-def test_contamination_check_fails_with_swapped_draft_block_tables(gemma, tmp_path, monkeypatch):
+def test_contamination_check_fails_with_swapped_draft_block_tables(
+    gemma, tmp_path, monkeypatch, alone
+):
     from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
 
     set_inputs = DSparkPagedProposer.set_inputs_first_pass
@@ -335,7 +314,7 @@ def test_contamination_check_fails_with_swapped_draft_block_tables(gemma, tmp_pa
         return set_inputs(self, *args, cad=cad, **kwargs)
 
     monkeypatch.setattr(DSparkPagedProposer, "set_inputs_first_pass", swapped_rows)
-    mismatches = drafts_alone_and_crowded(gemma, tmp_path)
+    mismatches = mismatches_among_others(gemma, tmp_path, alone)
     assert sum(n > 0 for n in mismatches.values()) >= 2, mismatches
 
 

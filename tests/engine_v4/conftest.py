@@ -6,20 +6,17 @@ where Triton cannot run, and the C++ stand-ins (``cpp_standins.py``) for the Dee
 host's vLLM extension lacks (all of them on AVX2-only CPUs, whose ``_C_AVX2`` has none).
 """
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-os.environ.update(
-    HF_HUB_OFFLINE="1",
-    VLLM_CPU_KVCACHE_SPACE="1",
-    VLLM_USE_V2_MODEL_RUNNER="0",
-    VLLM_ENABLE_V1_MULTIPROCESSING="0",
-)
+from dspark_demo.engine import use_engine_env
 
-from tests.engine_v4 import standins, tiny_v4
+use_engine_env()
+
+from dspark_demo import tiny_v4  # noqa: E402
+from tests.engine_v4 import standins  # noqa: E402
 
 
 @dataclass

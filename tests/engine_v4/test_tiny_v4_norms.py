@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from tests.engine_v4 import tiny_v4
+from dspark_demo import tiny_v4
 
 CHECKPOINTS = {
     "random": tiny_v4.random_v4_checkpoint,

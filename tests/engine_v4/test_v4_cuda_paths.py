@@ -22,8 +22,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import vllm
-from tests.engine_v4.draft_build import build_draft, v4_vllm_config
-from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
+from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
+from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
 
 pytestmark = pytest.mark.engine
@@ -106,7 +106,7 @@ def test_draft_builds_each_platforms_moe_with_the_arguments_it_takes(
     config = v4_vllm_config(tiny_v4_models.oracle)
     draft = build_draft(config, device="cpu")
 
-    num_stages = len(draft.backbone.stages)
+    num_stages = len(draft.backbone.layers)
     assert len(bound) == num_stages
     for arguments in bound:
         assert arguments.arguments["vllm_config"] is config
@@ -133,7 +133,7 @@ CONSTRUCTORS = {
 def test_draft_layer_construction_binds_each_vllm_tree(tiny_v4_models, monkeypatch, tree):
     """The quantised linears, norms and the rotary the draft builds are called as their
     constructors are written in each vLLM tree (0.33.0's is never imported here)."""
-    from vllm.v1.spec_decode.dspark.deepseek_v4 import layers
+    from vllm.v1.spec_decode.dspark.deepseek_v4 import backbone, layers
 
     calls: list[tuple[str, tuple, dict]] = []
 
@@ -148,6 +148,8 @@ def test_draft_layer_construction_binds_each_vllm_tree(tiny_v4_models, monkeypat
 
     for name in [*CONSTRUCTORS, "build_deepseek_v4_rope"]:
         monkeypatch.setattr(layers, name, recording(name))
+    for name in ("ReplicatedLinear", "RMSNorm"):  # main_proj and the heads' norms
+        monkeypatch.setattr(backbone, name, recording(name))
     build_draft(v4_vllm_config(tiny_v4_models.oracle), device="cpu")
 
     assert {name for name, _, _ in calls} == {*CONSTRUCTORS, "build_deepseek_v4_rope"}
@@ -158,6 +160,69 @@ def test_draft_layer_construction_binds_each_vllm_tree(tiny_v4_models, monkeypat
         else:
             signature = parsed_signature(VLLM_TREES[tree] / CONSTRUCTORS[name], name, "__init__")
         signature.bind(*args, **kwargs)
+
+
+# --- Upstream's DeepSeek-V4 DSpark draft: the pieces this draft reuses -------------------------
+
+UPSTREAM_DSPARK = Path("models") / "deepseek_v4" / "nvidia" / "dspark.py"
+# (class, method) of upstream's draft the V4 draft calls on itself, with the arguments it passes
+# and which of its objects is ``self``: the draft (``DSparkRingDraft``) or its backbone.
+BORROWED = {
+    ("DSparkDeepseekV4ForCausalLM", "_remap_dspark_name"): (("mtp.0.attn.wkv.weight",), "draft"),
+    ("DSparkDeepseekV4ForCausalLM", "markov_embed"): (("token_ids",), "draft"),
+    ("DSparkDeepseekV4ForCausalLM", "markov_bias"): (("markov_embed",), "draft"),
+    ("DSparkDeepseekV4ForCausalLM", "compute_confidence"): (("hidden", "markov_embed"), "draft"),
+    ("DSparkDeepseekV4Model", "combine_hidden_states"): (("target_features",), "backbone"),
+}
+
+
+def self_attribute_chains(source: Path, class_name: str, name: str) -> set[tuple[str, ...]]:
+    """Every ``self.a.b...`` the method reads, as written in ``source`` (``("a", "b")``)."""
+    (cls,) = [
+        n
+        for n in ast.parse(source.read_text()).body
+        if isinstance(n, ast.ClassDef) and n.name == class_name
+    ]
+    (func,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    chains = set()
+    for node in ast.walk(func):
+        parts = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if parts and isinstance(node, ast.Name) and node.id == "self":
+            chains.add(tuple(reversed(parts)))
+    return chains
+
+
+@pytest.mark.parametrize("tree", trees())
+def test_upstream_dspark_methods_the_draft_reuses_apply_to_it(tiny_v4_models, tree):
+    """Upstream's remap and head hooks, reused as functions on a draft laid out with upstream's
+    names, take the arguments the draft passes and read only attributes the draft has, as each
+    vLLM tree writes them (upstream's class itself builds NVIDIA paged-attention layers)."""
+    draft = build_draft(v4_vllm_config(tiny_v4_models.oracle), device="meta")
+    source = VLLM_TREES[tree] / UPSTREAM_DSPARK
+    for (class_name, name), (args, owner) in BORROWED.items():
+        parsed_signature(source, class_name, name).bind(*args)
+        obj = draft if owner == "draft" else draft.backbone
+        for chain in self_attribute_chains(source, class_name, name):
+            value = obj
+            for depth, attribute in enumerate(chain):
+                assert value is not None and hasattr(value, attribute), (
+                    f"{tree}: {class_name}.{name} reads self.{'.'.join(chain)}, which the "
+                    f"draft's {owner} lacks at .{'.'.join(chain[: depth + 1])}"
+                )
+                value = getattr(value, attribute)
+    # The expert-scale rule the loader imports is upstream's, with the same pattern.
+    from vllm.models.deepseek_v4.nvidia.dspark import _EXPERT_SCALE_RE
+
+    (pattern,) = [
+        node.value.args[0].value
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.Assign)
+        and getattr(node.targets[0], "id", None) == "_EXPERT_SCALE_RE"
+    ]
+    assert pattern == _EXPERT_SCALE_RE.pattern
 
 
 # --- The draft step's calls into platform code, recorded in the CPU engine ---------------------

@@ -9,9 +9,10 @@ import random
 import pytest
 import torch
 
-from benchmarks.host_syncs import HostSyncRecorder
-from tests.engine_v4.tiny_v4 import PERIOD, cycle_prompt
+from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
+from tests.helpers import RowIndexedSlots
 
 pytestmark = pytest.mark.engine
 
@@ -133,31 +134,6 @@ def test_greedy_output_is_lossless_under_churn(tiny_v4_models, request, features
 CHURN_LENGTHS = [240, 245, 7, 250, 12, 236, 150]
 CHURN_MAX_TOKENS = [30, 40, 24, 36, 40, 28, 25]
 CHURN = dict(max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8)
-
-
-class RowIndexedSlots:
-    """The reference recipe's mistake: a request's slot is its batch row."""
-
-    def __init__(self, capacity: int) -> None:
-        from vllm.v1.spec_decode.dspark.slot_table import SlotTable
-
-        self._table = SlotTable(capacity)
-        self.capacity = self._table.capacity
-        self.scratch_slot = self._table.scratch_slot
-        self.req_id_to_slot: dict[str, int] = {}
-        self.free_slots = self._table.free_slots
-
-    def assign(self, req_ids):
-        from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment
-
-        self.req_id_to_slot = {req_id: row for row, req_id in enumerate(req_ids)}
-        return SlotAssignment(slots=list(range(len(req_ids))), fresh=[])
-
-    def release(self, req_id: str) -> None:
-        pass
-
-    def reconcile(self, live_req_ids) -> None:
-        pass
 
 
 def drafts_alone_and_churning(target, tmp_path) -> tuple[dict, dict]:

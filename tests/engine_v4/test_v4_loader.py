@@ -4,8 +4,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.engine_v4 import tiny_v4
-from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+from dspark_demo import tiny_v4
+from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     CheckpointDraftTensors,
     DeepSeekV4DSparkConfig,
@@ -46,7 +46,7 @@ def load(model, vllm_config, weights):
 def test_every_parameter_is_loaded_from_its_tensor(model, vllm_config, checkpoint):
     load(model, vllm_config, checkpoint)
     params = dict(model.named_parameters())
-    stage0 = "backbone.stages.0."
+    stage0 = "model.layers.0."
     H = tiny_v4.TINY_V4_CONFIG["hidden_size"]
     q_lora = tiny_v4.TINY_V4_CONFIG["q_lora_rank"]
     o_lora = tiny_v4.TINY_V4_CONFIG["o_lora_rank"]
@@ -61,7 +61,7 @@ def test_every_parameter_is_loaded_from_its_tensor(model, vllm_config, checkpoin
         ],
         stage0 + "attn.wo_a.1.weight": [checkpoint["mtp.0.attn.wo_a.weight"][o_lora:]],
         stage0 + "ffn.gate.e_score_correction_bias": [checkpoint["mtp.0.ffn.gate.bias"]],
-        "markov_head.markov_w2.weight": [checkpoint["mtp.1.markov_head.markov_w2.weight"]],
+        "model.markov_head.markov_w2.weight": [checkpoint["mtp.1.markov_head.markov_w2.weight"]],
     }
     for name, parts in expect.items():
         want = torch.cat(parts).to(params[name].dtype)
@@ -125,4 +125,4 @@ def test_streamed_tensors_are_the_files_mtp_tensors(model, vllm_config, model_di
     params = dict(model.named_parameters())
     with safe_open(path, framework="pt") as f:
         want = f.get_tensor("mtp.1.ffn.shared_experts.w2.weight")
-    assert torch.equal(params["backbone.stages.1.ffn.shared_experts.down_proj.weight"], want)
+    assert torch.equal(params["model.layers.1.ffn.shared_experts.down_proj.weight"], want)

@@ -14,8 +14,9 @@ import types
 import pytest
 import torch
 
-from tests.engine_v4 import quantise_v4, tiny_v4
-from tests.engine_v4.draft_build import build_draft, v4_vllm_config
+from dspark_demo import tiny_v4
+from dspark_demo.v4_draft import build_draft, v4_vllm_config
+from tests.engine_v4 import quantise_v4
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 
@@ -131,7 +132,7 @@ def test_codes_and_scales_land_where_vllm_reads_them(quantised_draft, shipped_ch
     model, hf_config = quantised_draft
     load_deepseek_v4_draft(model, shipped_checkpoint, hf_config)
     params = dict(model.named_parameters())
-    stage = "backbone.stages.1."
+    stage = "model.layers.1."
     ckpt = shipped_checkpoint
     linear = params[stage + "attn.wq_b.weight_scale_inv"]
     assert linear.dtype == torch.float8_e8m0fnu
@@ -162,7 +163,7 @@ def test_a_missing_scale_fails_by_name(quantised_draft, shipped_checkpoint, name
 
 
 def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.Tensor]:
-    """Stage 0's quantised (or bf16) layers of the loaded draft, after vLLM's
+    """Stage 0's quantised (or bf16) layers and ``main_proj`` of the loaded draft, after vLLM's
     ``process_weights_after_loading``, on one fixed input."""
     from vllm.config import set_current_vllm_config
     from vllm.forward_context import set_forward_context
@@ -175,12 +176,12 @@ def stage_outputs(tmp_path, checkpoint: dict, config: dict) -> dict[str, torch.T
     load_deepseek_v4_draft(model, checkpoint, draft_config.hf_config)
     x = torch.randn(8, CONFIG["hidden_size"], generator=torch.Generator().manual_seed(0))
     x = x.to(torch.bfloat16)
-    stage = model.backbone.stages[0]
+    stage = model.backbone.layers[0]
     with set_current_vllm_config(vllm_config), set_forward_context(None, vllm_config):
         process_weights_after_loading(model, draft_config, torch.device("cpu"))
         return {
             "wq_b": stage.attn.wq_b(x),
-            "main_proj": stage.main_proj(torch.cat([x, x], dim=-1)),
+            "main_proj": model.backbone.main_proj(torch.cat([x, x], dim=-1)),
             "shared_experts": stage.ffn.shared_experts(x),
             "moe": stage.ffn(x),
         }

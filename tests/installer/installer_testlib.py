@@ -63,12 +63,6 @@ def copy_vllm_tree(source_root: Path, destination: Path, hardlink: bool = True) 
     return destination
 
 
-def replace_file(path: Path, data: bytes) -> None:
-    """Give `path` new bytes without touching a hard-linked original."""
-    path.unlink(missing_ok=True)
-    path.write_bytes(data)
-
-
 def record_problems(root: Path) -> list[str]:
     """Every vllm/*.py file must be listed in the dist-info RECORD with a matching digest."""
     tree = locate(root)

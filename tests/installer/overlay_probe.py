@@ -50,7 +50,7 @@ try:
             "method": "dspark",
             "model": str(draft),
             "num_speculative_tokens": 4,
-            "dspark_confidence_scheduler": "survival_threshold",
+            "dspark_confidence_scheduler": "threshold",
             "dspark_confidence_threshold": 0.5,
         },
     ).create_engine_config()

@@ -13,13 +13,13 @@ from installer_testlib import (
     copy_vllm_tree,
     edited_source,
     record_problems,
-    replace_file,
     snapshot,
     sources,
 )
 
 from installer.errors import ExitCode
 from installer.state import STATE_DIR
+from tests.helpers import replace_file
 
 
 def status_of(project: GeneratedProject, tree: Path) -> tuple[int, dict]:

@@ -13,7 +13,6 @@ from installer_testlib import (
     OVERLAY_A,
     SPECULATIVE,
     GeneratedProject,
-    replace_file,
     snapshot,
     sources,
     unwritable,
@@ -22,6 +21,7 @@ from installer_testlib import (
 from installer.errors import ExitCode
 from installer.hashing import sha256_hex
 from installer.state import JOURNAL
+from tests.helpers import replace_file
 
 # The machinery is version-independent; test_install_cycle covers both versions.
 pytestmark = pytest.mark.parametrize("version", ["0.32.0"])

@@ -69,6 +69,6 @@ def test_every_overlay_module_imports_from_0_33_0(probe):
 def test_the_dspark_config_path_builds_against_0_33_0(probe):
     assert "config_error" not in probe, probe["config_error"]
     assert probe["method"] == "dspark"
-    assert probe["dspark_confidence_scheduler"] == "survival_threshold"
+    assert probe["dspark_confidence_scheduler"] == "threshold"
     assert probe["proposer"] == "DSparkPagedProposer"  # the Qwen3 draft's proposer
-    assert probe["scheduler"] == "survival_threshold"
+    assert probe["scheduler"] == "threshold"

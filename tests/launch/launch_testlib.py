@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "launch"))
 
 from dspark_launch.cli import main  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 FAKES = Path(__file__).parent / "fakes"
 API_KEY = "sk-test-SECRET-4f9c"
@@ -31,12 +31,6 @@ def write_yaml(path: Path, data: dict, mode: int = 0o600) -> Path:
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     path.chmod(mode)
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import API_KEY, REPO, fake_snapshot, free_port, write_yaml
+from launch_testlib import API_KEY, REPO, fake_snapshot, write_yaml
 
 from dspark_launch.profile import PROFILES_DIR
+from tests.helpers import free_port
 
 TINY_PROFILE = "cpu-tiny"
 TINY_MODEL = "dspark-tiny/qwen3-target"

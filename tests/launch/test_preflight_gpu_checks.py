@@ -11,18 +11,18 @@ from pathlib import Path
 import yaml
 from launch_testlib import FAKE_REVISION, FakeCluster, write_profile
 
+from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
+
+# DeepSeek-V4-Flash's own expert format (MXFP4) and FP8 linears.
 V4_MXFP4_CONFIG = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "n_routed_experts": 256,
-    "expert_dtype": "fp4",
-    "quantization_config": {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "scale_fmt": "ue8m0",
-        "weight_block_size": [128, 128],
-        "activation_scheme": "dynamic",
-    },
+    key: V4_FLASH_CONFIG[key]
+    for key in (
+        "architectures",
+        "model_type",
+        "n_routed_experts",
+        "expert_dtype",
+        "quantization_config",
+    )
 }
 
 

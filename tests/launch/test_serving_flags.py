@@ -17,23 +17,14 @@ from pathlib import Path
 import pytest
 from launch_testlib import REPO
 
+from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG, V4_FP8_LINEARS
 from dspark_launch import serving_flags
 from dspark_launch.profile import PROFILES_DIR, load_profile
 
 SPARK = PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml"
-# The published DeepSeek-V4-Flash quantisation fields (benchmarks/deepseek_v4_memory.py).
-V4_BASE = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "n_routed_experts": 256,
-}
-FP8_LINEARS = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [128, 128],
-    "activation_scheme": "dynamic",
-}
+# The published DeepSeek-V4-Flash fields the check reads.
+V4_BASE = {key: V4_FLASH_CONFIG[key] for key in ("architectures", "model_type", "n_routed_experts")}
+FP8_LINEARS = V4_FP8_LINEARS
 CHECKPOINTS = {
     "mxfp4": {**V4_BASE, "expert_dtype": "fp4", "quantization_config": FP8_LINEARS},
     "nvfp4": {

@@ -11,20 +11,26 @@ from abc import ABC, abstractmethod
 import torch
 from torch import nn
 
+from vllm.model_executor.models.qwen3_dspark import DSparkConfidenceHead, DSparkMarkovHead
+
 
 class DSparkBackbone(nn.Module, ABC):
     """Draft network of one checkpoint family.
 
     Subclasses set ``window`` (W, context positions the draft attends to),
     ``ring_entry_shape`` (shape of one position's ring entry),
-    ``feature_size`` (width of a row of tapped target features) and
-    ``hidden_size`` before the drafter is built.
+    ``feature_size`` (width of a row of tapped target features),
+    ``hidden_size`` and vLLM's token-level heads (``markov_head``, optional
+    ``confidence_head``, where upstream's DSpark models keep them) before the
+    drafter is built.
     """
 
     window: int
     ring_entry_shape: tuple[int, ...]
     feature_size: int
     hidden_size: int
+    markov_head: DSparkMarkovHead
+    confidence_head: DSparkConfidenceHead | None
 
     @abstractmethod
     def context_entries(

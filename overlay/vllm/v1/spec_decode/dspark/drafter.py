@@ -31,9 +31,10 @@ BLOCK_START_OFFSET = 1
 
 class DraftHeads(Protocol):
     """Token-level heads around a backbone (shared target embedding/lm_head,
-    the Markov head and the optional confidence head)."""
+    the Markov head and the optional confidence head), named as upstream's
+    DSpark draft hooks."""
 
-    def embed_tokens(self, token_ids: torch.Tensor) -> torch.Tensor: ...
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor: ...
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -41,7 +42,9 @@ class DraftHeads(Protocol):
 
     def markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor: ...
 
-    def confidence(self, hidden: torch.Tensor, markov_embed: torch.Tensor) -> torch.Tensor:
+    def compute_confidence(
+        self, head_hidden: torch.Tensor, markov_embed: torch.Tensor
+    ) -> torch.Tensor:
         """Per-position acceptance probability in [0, 1]."""
         ...
 
@@ -156,7 +159,7 @@ class BlockDrafter:
         context, context_mask = self.ring.read(request_slots, anchors)
         context_positions = self.ring.tags[request_slots]
         logit_hidden, confidence_hidden = self.backbone.block_hidden(
-            self.heads.embed_tokens(block_ids),
+            self.heads.embed_input_ids(block_ids),
             block_positions,
             context,
             context_positions,
@@ -176,7 +179,7 @@ class BlockDrafter:
         )
         confidence = None
         if with_confidence:
-            confidence = self.heads.confidence(confidence_hidden[:, sampled], markov_embeds)
+            confidence = self.heads.compute_confidence(confidence_hidden[:, sampled], markov_embeds)
         return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors, probs=probs)
 
     def step(

@@ -126,19 +126,3 @@ def draft_probs_view(
     if probs_out is None:
         return position_probs.new_empty(num_requests, num_positions, position_probs.shape[-1])
     return probs_out[:num_requests, :num_positions]
-
-
-def position_sampler(
-    probabilistic: bool, sampling_metadata, use_fp64_gumbel: bool = False
-) -> PositionSampler:
-    """The sampler of V1's other proposers: argmax, or for probabilistic drafts
-    vLLM's ``compute_probs_and_sample_next_token`` (temperature only, greedy
-    rows of a mixed batch take the argmax)."""
-    if not probabilistic or sampling_metadata.all_greedy:
-        return greedy_sample
-    from vllm.v1.spec_decode.llm_base_proposer import compute_probs_and_sample_next_token
-
-    def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return compute_probs_and_sample_next_token(logits, sampling_metadata, use_fp64_gumbel)
-
-    return sample

@@ -122,11 +122,9 @@ class DSparkOptions:
                 f"DSpark on V1: the draft shards over the target's tensor-parallel group "
                 f"({target_tensor_parallel_size}). Remove draft_tensor_parallel_size."
             )
-        scheduling = ConfidenceScheduleConfig.from_fields(
+        scheduling = ConfidenceScheduleConfig(
             scheduler=speculative_config.dspark_confidence_scheduler,
             threshold=speculative_config.dspark_confidence_threshold,
-            step_rate_curve=speculative_config.dspark_step_rate_curve,
-            early_stop=speculative_config.dspark_hardware_early_stop,
         )
         if scheduling.needs_confidence and async_scheduling:
             raise ValueError(

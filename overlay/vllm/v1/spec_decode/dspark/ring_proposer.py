@@ -19,6 +19,7 @@ from contextlib import nullcontext
 
 import torch
 from torch import nn
+from typing_extensions import override
 
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import VllmConfig, set_current_vllm_config
@@ -36,22 +37,18 @@ from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.spec_decode.dspark.deepseek_v4 import (
+from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     build_deepseek_v4_draft_model,
-    checkpoint_draft_tensors,
     load_deepseek_v4_draft,
 )
-from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
-from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
+from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tensors
+from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
-from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer, greedy_sample, position_sampler
-from vllm.v1.spec_decode.dspark.options import (
-    DEEPSEEK_V4_UNSUPPORTED,
-    RING_PROPOSER_UNSUPPORTED,
-    DSparkOptions,
-)
+from vllm.v1.spec_decode.dspark.family import draft_family
+from vllm.v1.spec_decode.dspark.markov import greedy_sample
+from vllm.v1.spec_decode.dspark.options import DEEPSEEK_V4_UNSUPPORTED, RING_PROPOSER_UNSUPPORTED
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, check_k_within_block
 from vllm.v1.spec_decode.dspark.ring import ContextRing
-from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
 from vllm.v1.spec_decode.eagle import EagleProposer
 
@@ -201,7 +198,7 @@ def upload_slots(slots: Sequence[int], device: torch.device) -> torch.Tensor:
     return host.to(device, non_blocking=True)
 
 
-class DSparkRingProposer(EagleProposer):
+class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
     """DSpark for DeepSeek-V4 checkpoints (``mtp.*`` stages, sliding window W): the draft
     context is a per-request ring of projected target positions behind a request-stable slot
     table."""
@@ -214,8 +211,6 @@ class DSparkRingProposer(EagleProposer):
     ) -> None:
         # Before the base class, whose first complaint about a wrong checkpoint
         # would be a missing mask token.
-        from vllm.v1.spec_decode.dspark_proposer import draft_family
-
         draft_config = vllm_config.speculative_config.draft_model_config
         if draft_family(draft_config) != "deepseek_v4":
             raise ValueError(
@@ -224,32 +219,22 @@ class DSparkRingProposer(EagleProposer):
             )
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
-        self._runner = runner
-        self.options = DSparkOptions.from_config(
-            self.speculative_config,
-            async_scheduling=vllm_config.scheduler_config.async_scheduling,
-            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-            unsupported={**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED},
+        self._init_dspark(
+            vllm_config, runner, {**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED}
         )
         self._slot_table = SlotTable(self.max_batch_size)
+        # The brief's names for the table's state (the same dict and heap list).
+        self._req_id_to_slot = self._slot_table.req_id_to_slot
+        self._free_slots = self._slot_table.free_slots
         for name in _UNUSED_BASE_BUFFERS:
             buffer = getattr(self, name, None)
             if buffer is not None:
                 setattr(self, name, buffer.new_empty((0, *buffer.shape[1:])))
-        self.model: DSparkDraftModel | None = None
+        self.model: DSparkRingDraft | None = None
         self._drafter: BlockDrafter | None = None
         self.draft_graphs: DraftGraphs | None = None
-        self._draft_token_lengths: torch.Tensor | None = None
 
-    # Slot table: the seed's API --------------------------------------------
-    @property
-    def _req_id_to_slot(self) -> dict[str, int]:
-        return self._slot_table.req_id_to_slot
-
-    @property
-    def _free_slots(self) -> list[int]:
-        return self._slot_table.free_slots
-
+    # Slot table ---------------------------------------------------------------
     def _row_to_slot(self, req_ids: list[str]) -> list[int]:
         """Slot of ``req_ids[i]`` at index i; windows of slots that changed
         owner are invalidated before anything reads them."""
@@ -264,16 +249,12 @@ class DSparkRingProposer(EagleProposer):
         self._slot_table.release(req_id)
 
     # Model ------------------------------------------------------------------
+    @override
     def load_model(self, target_model: nn.Module) -> None:
         model = self._build_draft_model()
         process_weights_after_loading(model, self.draft_model_config, self.device)
         model.share_target(target_model)
-        if self.options.scheduling.needs_confidence and model.confidence_head is None:
-            raise ValueError(
-                f"dspark_confidence_scheduler="
-                f"{self.options.scheduling.scheduler!r} needs a draft with a "
-                f"confidence head; '{self.draft_model_config.model}' has none."
-            )
+        self._check_confidence_head(model.confidence_head is not None)
         self.model = model
 
         backbone = model.backbone
@@ -284,15 +265,8 @@ class DSparkRingProposer(EagleProposer):
             dtype=self.draft_model_config.dtype,
             device=self.device,
         )
-        draft_probs = None
-        if self.options.probabilistic:
-            # Allocated before vLLM's memory profile, and touched by dummy_run.
-            draft_probs = draft_probs_buffer(
-                self.max_batch_size,
-                self.num_speculative_tokens,
-                self.vllm_config.model_config.get_vocab_size(),
-                self.device,
-            )
+        # Allocated before vLLM's memory profile, and touched by dummy_run.
+        draft_probs = self._new_draft_probs()
         self._drafter = BlockDrafter(
             backbone,
             model,
@@ -330,10 +304,16 @@ class DSparkRingProposer(EagleProposer):
             graph_sizes or "no",
         )
 
-    def _build_draft_model(self) -> DSparkDraftModel:
+    def _build_draft_model(self) -> DSparkRingDraft:
         """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
         config = self.draft_model_config.hf_config
-        self._validate_block_size(config)
+        block_size = check_k_within_block(config, self.num_speculative_tokens)
+        if block_size and self.num_speculative_tokens < block_size:
+            logger.info(
+                "DSpark draft trained with block size %d drafts k=%d tokens per step.",
+                block_size,
+                self.num_speculative_tokens,
+            )
         loader = get_model_loader(get_draft_load_config(self.vllm_config))
         # The runner collects JIT warm-ups only while its target is built; the draft's mHC
         # variants join them here (compiled by the worker's kernel warm-up, before serving).
@@ -349,24 +329,8 @@ class DSparkRingProposer(EagleProposer):
         load_deepseek_v4_draft(model, weights, config)
         return model
 
-    def _validate_block_size(self, config) -> None:
-        block_size = getattr(config, "block_size", None) or getattr(
-            config, "dspark_block_size", None
-        )
-        if block_size and self.num_speculative_tokens > block_size:
-            raise ValueError(
-                f"num_speculative_tokens={self.num_speculative_tokens} exceeds the "
-                f"DSpark draft's trained block size {block_size}: it never learned "
-                f"to predict that far. Use num_speculative_tokens <= {block_size}."
-            )
-        if block_size and self.num_speculative_tokens < block_size:
-            logger.info(
-                "DSpark draft trained with block size %d drafts k=%d tokens per step.",
-                block_size,
-                self.num_speculative_tokens,
-            )
-
     # Runner hooks -------------------------------------------------------------
+    @override
     def initialize_attn_backend(
         self, kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int] | None = None
     ) -> None:
@@ -375,11 +339,13 @@ class DSparkRingProposer(EagleProposer):
         (``query_start_loc``) the step needs."""
         self.kv_cache_gid = 0
 
+    @override
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
         """No keys for EAGLE's token-count dispatcher: the draft's graphs are ``DraftGraphs``,
         keyed by padded request count."""
         self.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
 
+    @override
     @torch.inference_mode()
     def dummy_run(
         self,
@@ -439,6 +405,7 @@ class DSparkRingProposer(EagleProposer):
             None, self.vllm_config, num_tokens=num_requests * self.num_speculative_tokens
         )
 
+    @override
     def propose(
         self,
         num_speculative_tokens: int,
@@ -456,15 +423,13 @@ class DSparkRingProposer(EagleProposer):
         assert self._drafter is not None, "load_model() must run before propose()"
         req_ids = self._runner.input_batch.req_ids
         live_requests = self._runner.requests
-        if len(self._slot_table.req_id_to_slot) > len(live_requests):
+        if len(self._req_id_to_slot) > len(live_requests):
             # Safety net for finishes the release hook did not see.
             self._slot_table.reconcile(live_requests.keys())
         num_requests = len(req_ids)
         request_slots = upload_slots(self._row_to_slot(req_ids), self.device)
 
-        sample = position_sampler(
-            self.options.probabilistic, sampling_metadata, self.use_fp64_gumbel
-        )
+        sample = self._position_sampler(sampling_metadata)
         step_inputs = (
             request_slots,
             target_hidden_states,
@@ -491,12 +456,9 @@ class DSparkRingProposer(EagleProposer):
         # Read by the runner (take_last_draft_probs) for rejection sampling.
         self._last_draft_probs = output.probs
         if output.confidence is not None:
-            # A fresh tensor each step: the runner may still be copying the last.
-            self._draft_token_lengths = schedule_lengths(
-                output.confidence, self.options.scheduling, num_speculative_tokens
-            )
+            self._schedule(output.confidence, num_speculative_tokens)
         if self.options.draft_log is not None:
-            self._log_drafts(req_ids, next_token_ids[:num_requests], output)
+            self._log_drafts(output.anchors, anchor_tokens, output.token_ids)
         return output.token_ids
 
     def _graph_size(self, num_requests: int, num_drafts: int, sample) -> int | None:
@@ -505,24 +467,6 @@ class DSparkRingProposer(EagleProposer):
         if graphs is None or sample is not greedy_sample or num_drafts != graphs.num_drafts:
             return None
         return graphs.padded_size(num_requests)
-
-    def take_draft_token_lengths(self) -> torch.Tensor | None:
-        """Per-request number of drafts to verify, ``[B]`` int32, or None to
-        verify all of them. Read once per step by the runner."""
-        lengths, self._draft_token_lengths = self._draft_token_lengths, None
-        return lengths
-
-    def _log_drafts(
-        self, req_ids: list[str], anchor_tokens: torch.Tensor, output: DraftOutput
-    ) -> None:
-        append_draft_log(
-            self.options.draft_log,
-            req_ids,
-            output.anchors,
-            anchor_tokens,
-            output.token_ids,
-            self._draft_token_lengths,
-        )
 
 
 def _profile_sampler(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -111,10 +111,6 @@ class SlotTable:
         for req_id in nsmallest(count, outside, key=self._last_scheduled.__getitem__):
             self.release(req_id)
 
-    def padded_slots(self, slots: Sequence[int], num_rows: int) -> list[int]:
-        """`slots` extended to `num_rows` with the scratch slot, for padding rows."""
-        return [*slots, *[self.scratch_slot] * (num_rows - len(slots))]
-
 
 def _duplicates(req_ids: Sequence[str]) -> list[str]:
     return sorted(req_id for req_id, count in Counter(req_ids).items() if count > 1)

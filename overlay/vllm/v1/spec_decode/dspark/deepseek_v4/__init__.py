@@ -1,24 +1,27 @@
-"""DeepSeek-V4-Flash DSpark draft on vLLM's DeepSeek-V4 modules, and its strict loader."""
+"""DeepSeek-V4-Flash DSpark draft on vLLM's DeepSeek-V4 modules, and its strict loader.
 
-from .backbone import DeepSeekV4DSparkBackbone
-from .config import DeepSeekV4DSparkConfig, DSparkConfigError
-from .draft import build_deepseek_v4_draft_model, is_deepseek_v4_dspark, load_deepseek_v4_draft
-from .loader import (
-    CheckpointDraftTensors,
-    DSparkCheckpointError,
-    checkpoint_draft_tensors,
-    expected_draft_names,
-)
+Lazy: importing the package (or its torch-free ``config`` module) loads no V4 model code;
+each name below imports its submodule on first use.
+"""
 
-__all__ = [
-    "CheckpointDraftTensors",
-    "DSparkCheckpointError",
-    "DSparkConfigError",
-    "DeepSeekV4DSparkBackbone",
-    "DeepSeekV4DSparkConfig",
-    "build_deepseek_v4_draft_model",
-    "checkpoint_draft_tensors",
-    "expected_draft_names",
-    "is_deepseek_v4_dspark",
-    "load_deepseek_v4_draft",
-]
+import importlib
+
+_SUBMODULE = {
+    "DeepSeekV4DSparkBackbone": "backbone",
+    "DeepSeekV4DSparkConfig": "config",
+    "DSparkConfigError": "config",
+    "build_deepseek_v4_draft_model": "draft",
+    "load_deepseek_v4_draft": "draft",
+    "CheckpointDraftTensors": "loader",
+    "DSparkCheckpointError": "loader",
+    "checkpoint_draft_tensors": "loader",
+    "expected_draft_names": "loader",
+}
+
+__all__ = sorted(_SUBMODULE)
+
+
+def __getattr__(name: str):
+    if name not in _SUBMODULE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_SUBMODULE[name]}", __name__), name)

@@ -27,7 +27,7 @@ from vllm.model_executor.layers.linear import (
     ReplicatedLinear,
     RowParallelLinear,
 )
-from vllm.model_executor.layers.mhc import HCHeadOp, MHCPostOp, MHCPreOp
+from vllm.model_executor.layers.mhc import MHCPostOp, MHCPreOp
 from vllm.models.deepseek_v4 import DeepseekV4ForCausalLM
 from vllm.models.deepseek_v4.common.rope import build_deepseek_v4_rope
 from vllm.platforms import current_platform
@@ -87,7 +87,7 @@ def build_platform_moe(vllm_config: VllmConfig, prefix: str) -> nn.Module:
     return moe_class(vllm_config, prefix=prefix, **moe_kwargs(inspect.signature(moe_class), config))
 
 
-def _fp32_parameter(*shape: int) -> nn.Parameter:
+def fp32_parameter(*shape: int) -> nn.Parameter:
     return nn.Parameter(torch.empty(*shape, dtype=torch.float32), requires_grad=False)
 
 
@@ -189,7 +189,7 @@ class RingAttention(nn.Module):
             prefix=f"{prefix}.wq_b",
         )
         self.kv_norm = RMSNorm(self.head_dim, self.eps)
-        self.attn_sink = _fp32_parameter(self.num_heads)
+        self.attn_sink = fp32_parameter(self.num_heads)
         group_width = config.num_attention_heads // config.o_groups * self.head_dim
         first_group = get_tensor_model_parallel_rank() * self.num_groups
         self.wo_a = nn.ModuleList(
@@ -263,22 +263,19 @@ class RingAttention(nn.Module):
 class DSparkStage(nn.Module):
     """One draft stage: mHC-wrapped ring attention, then the mHC-wrapped DeepSeek-V4 MoE.
 
-    Stage 0 also owns ``main_proj``/``main_norm`` (tapped target features -> context hidden); the
-    last stage owns the hyper-connection head and the final ``norm``.
+    Named as upstream's ``DeepseekV4DecoderLayer`` of a DSpark draft, so that upstream's
+    checkpoint remap lands here; the heads around the stages live in the model.
     """
 
-    def __init__(
-        self, vllm_config: VllmConfig, config: PretrainedConfig, index: int, prefix: str
-    ) -> None:
+    def __init__(self, vllm_config: VllmConfig, config: PretrainedConfig, prefix: str) -> None:
         super().__init__()
         hidden, eps, n = config.hidden_size, config.rms_norm_eps, config.hc_mult
-        num_stages = len(config.dspark_target_layer_ids)
         self.hc_mult, self.rms_eps, self.hc_eps = n, eps, config.hc_eps
         self.sinkhorn_iters = config.hc_sinkhorn_iters
         for part in ("attn", "ffn"):
-            setattr(self, f"hc_{part}_fn", _fp32_parameter((2 + n) * n, n * hidden))
-            setattr(self, f"hc_{part}_base", _fp32_parameter((2 + n) * n))
-            setattr(self, f"hc_{part}_scale", _fp32_parameter(3))
+            setattr(self, f"hc_{part}_fn", fp32_parameter((2 + n) * n, n * hidden))
+            setattr(self, f"hc_{part}_base", fp32_parameter((2 + n) * n))
+            setattr(self, f"hc_{part}_scale", fp32_parameter(3))
         self.attn_norm = RMSNorm(hidden, eps)
         self.ffn_norm = RMSNorm(hidden, eps)
         self.attn = RingAttention(vllm_config, config, prefix=f"{prefix}.attn")
@@ -286,22 +283,6 @@ class DSparkStage(nn.Module):
         self.mhc_pre = MHCPreOp()
         self.mhc_post = MHCPostOp()
         register_mhc_warmup(vllm_config, config)
-        if index == 0:
-            self.main_proj = ReplicatedLinear(
-                num_stages * hidden,
-                hidden,
-                bias=False,
-                quant_config=vllm_config.quant_config,
-                return_bias=False,
-                prefix=f"{prefix}.main_proj",
-            )
-            self.main_norm = RMSNorm(hidden, eps)
-        if index == num_stages - 1:
-            self.hc_head_fn = _fp32_parameter(n, n * hidden)
-            self.hc_head_base = _fp32_parameter(n)
-            self.hc_head_scale = _fp32_parameter(1)
-            self.hc_head_op = HCHeadOp()
-            self.norm = RMSNorm(hidden, eps)
 
     def _pre(self, streams: Tensor, part: str) -> tuple[Tensor, Tensor, Tensor]:
         post, comb, layer_input = self.mhc_pre(
@@ -334,14 +315,3 @@ class DSparkStage(nn.Module):
         # Draft stages lie past num_hash_layers: routing needs no token ids.
         f = self.ffn(self.ffn_norm(u))
         return self.mhc_post(f, streams, post, comb)
-
-    def hc_head(self, streams: Tensor) -> Tensor:
-        """``[T, hc, H] -> [T, H]``: the sigmoid-gated sum of the streams (last stage only)."""
-        return self.hc_head_op(
-            streams,
-            self.hc_head_fn,
-            self.hc_head_scale,
-            self.hc_head_base,
-            self.rms_eps,
-            self.hc_eps,
-        )

@@ -1,32 +1,27 @@
 """Strict loader for the DeepSeek-V4 DSpark draft stored as ``mtp.{s}.*`` in the target checkpoint.
 
-The reference recipe skipped names it did not recognise, which silently dropped the shared
-experts' w1/w3 and halved decode speed. Here every draft tensor the config implies must be present
-and every ``mtp.*`` name must be understood, or start-up fails naming the tensors. Tensors load as
-shipped (FP8 block-scaled linears, MXFP4 or FP8 routed experts, with their ``.scale``) through the
-``weight_loader`` of the vLLM layer that owns them; nothing is dequantised here.
+A check around upstream's remap. Every draft tensor the config implies must be present and every
+``mtp.*`` name understood, or start-up fails naming the tensors (the reference recipe skipped
+unknown names, which silently dropped the shared experts' w1/w3 and halved decode speed). Names
+then go through upstream's ``DSparkDeepseekV4ForCausalLM._remap_dspark_name`` onto a draft laid
+out with upstream's names, and through upstream's per-tensor rules (stacked ``fused_wqa_wkv`` and
+``gate_up_proj``, ``w2 -> down_proj``, ``gate.bias -> e_score_correction_bias``, this rank's
+``attn_sink`` heads, e8m0 expert scales as bytes, ``.scale`` suffixes by ``_EXPERT_SCALE_RE``).
+Those rules are restated here: upstream writes them inside a ``load_weights`` that reads NVIDIA's
+MoE attributes (absent from the CPU, AMD and XPU MoE) and that changed between 0.32.0 and 0.33.0.
+``wo_a`` splits by output group, the ring attention's own layout. Tensors load as shipped through
+each vLLM parameter's ``weight_loader``; nothing is dequantised.
 
 The tensors stream from the target's safetensors files (``CheckpointDraftTensors``): the names
 come from the file headers, and each ``mtp.*`` tensor is read when its parameter is filled and
 dropped after, so loading holds one tensor beyond the draft's parameters and never reads the
 target's own tensors.
-
-Checkpoint name (``mtp.{s}.`` prefix) -> draft parameter (``backbone.stages.{s}.`` prefix):
-- ``attn.wq_a`` / ``attn.wkv`` -> shards 0 / 1 of ``attn.fused_wqa_wkv``;
-- ``attn.wo_a`` -> ``attn.wo_a.{g}`` (rows of output group g, one linear per group);
-- ``attn.attn_sink`` -> this rank's heads of ``attn.attn_sink``;
-- ``ffn.shared_experts.w1`` / ``w3`` -> shards 0 / 1 of ``ffn.shared_experts.gate_up_proj``;
-  ``w2`` -> ``down_proj``;
-- ``ffn.experts.{e}.w{1,2,3}`` -> vLLM's fused-MoE expert mapping;
-- ``ffn.gate.bias`` -> ``ffn.gate.e_score_correction_bias``;
-- ``.scale`` -> ``.weight_scale`` (FP4 routed experts) or ``.weight_scale_inv`` (FP8);
-- the last stage's ``markov_head.*`` / ``confidence_head.*`` -> the draft model's heads.
 """
 
 import json
 import re
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -39,27 +34,27 @@ from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_ma
 from vllm.model_executor.model_loader.base_loader import BaseModelLoader
 from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.models.deepseek_v4.nvidia.dspark import _EXPERT_SCALE_RE, DSparkDeepseekV4ForCausalLM
 
 from .config import DeepSeekV4DSparkConfig
 
 if TYPE_CHECKING:
-    from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
+    from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 
 _STAGE_NAME = re.compile(r"mtp\.(\d+)\.(.+)")
-_EXPERT_NAME = re.compile(r"ffn\.experts\.\d+\.w[123]\.(weight|scale)")
 _QUANTISED = re.compile(
     r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|ffn\.shared_experts\.w[123]|ffn\.experts\.\d+\.w[123]"
     r"|main_proj)\.weight"
 )
-_HEAD_PREFIXES = ("markov_head.", "confidence_head.")
-_STACKED = {
-    "attn.wq_a": ("attn.fused_wqa_wkv", 0),
-    "attn.wkv": ("attn.fused_wqa_wkv", 1),
-    "ffn.shared_experts.w1": ("ffn.shared_experts.gate_up_proj", 0),
-    "ffn.shared_experts.w3": ("ffn.shared_experts.gate_up_proj", 1),
-}
-_RENAMES = {"ffn.shared_experts.w2": "ffn.shared_experts.down_proj"}
-_EXACT_RENAMES = {"ffn.gate.bias": "ffn.gate.e_score_correction_bias"}
+# (checkpoint part, parameter part, shard) of the stacked linears, as upstream's load_weights.
+_STACKED = (
+    (".attn.wq_a.", ".attn.fused_wqa_wkv.", 0),
+    (".attn.wkv.", ".attn.fused_wqa_wkv.", 1),
+    (".shared_experts.w1.", ".shared_experts.gate_up_proj.", 0),
+    (".shared_experts.w3.", ".shared_experts.gate_up_proj.", 1),
+)
+_RENAMES = ((".shared_experts.w2.", ".shared_experts.down_proj."),)
+_GATE_BIAS = (".ffn.gate.bias", ".ffn.gate.e_score_correction_bias")
 _SHOWN_NAMES = 20
 _SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
@@ -212,7 +207,7 @@ def expected_draft_names(
 
 
 def load_draft_weights(
-    model: "DSparkDraftModel",
+    model: "DSparkRingDraft",
     config: DeepSeekV4DSparkConfig,
     weights: Mapping[str, Tensor],
     expert_dtype: str = "fp4",
@@ -233,7 +228,7 @@ def load_draft_weights(
         name.startswith(confidence_prefix) for name in draft
     ):
         # The head is enabled in config.json but not shipped: run without it (as upstream does).
-        model.confidence_head = None
+        model.model.confidence_head = None
         expected = expected_draft_names(config, with_confidence=False, quantised=quantised)
     names = set(draft)
     scales = {n for n in names if n.endswith(".scale") and n[: -len(".scale")] + ".weight" in names}
@@ -265,14 +260,14 @@ class _ParameterLoader:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: "DSparkRingDraft",
         config: DeepSeekV4DSparkConfig,
         params: dict[str, nn.Parameter],
         expert_dtype: str,
     ) -> None:
+        self.model = model
         self.params = params
         self.config = config
-        self.last = config.num_stages - 1
         self.filled: set[str] = set()
         self.expert_scale_suffix = ".weight_scale" if expert_dtype == "fp4" else ".weight_scale_inv"
         self.expert_mapping = fused_moe_make_expert_params_mapping(
@@ -289,51 +284,51 @@ class _ParameterLoader:
         self.first_group, self.num_groups = tp_rank * groups, groups
 
     def load(self, name: str, tensor: Tensor) -> None:
-        match = _STAGE_NAME.fullmatch(name)
-        assert match is not None, name
-        stage, rest = int(match.group(1)), match.group(2)
-        if stage == self.last and rest.startswith(_HEAD_PREFIXES):
-            self._load(rest, tensor)
+        # Upstream's remap reads only ``self.model.confidence_head`` of its draft, which this
+        # draft has under the same name.
+        mapped = DSparkDeepseekV4ForCausalLM._remap_dspark_name(self.model, name)
+        assert mapped is not None, name
+        if mapped.endswith(".scale"):
+            is_expert = _EXPERT_SCALE_RE.search(mapped)
+            suffix = self.expert_scale_suffix if is_expert else ".weight_scale_inv"
+            mapped = mapped.removesuffix(".scale") + suffix
+        for old, new in _RENAMES:
+            mapped = mapped.replace(old, new)
+        if ".experts." in mapped:
+            self._load_expert(mapped, tensor)
             return
-        prefix = f"backbone.stages.{stage}."
-        if _EXPERT_NAME.fullmatch(rest):
-            self._load_expert(prefix + rest, tensor)
-            return
-        base, _, kind = rest.rpartition(".")
-        suffix = ".weight_scale_inv" if kind == "scale" else f".{kind}"
-        if rest in _EXACT_RENAMES:
-            self._load(prefix + _EXACT_RENAMES[rest], tensor)
-        elif kind not in ("weight", "scale"):  # hc_* and attn_sink carry no suffix
-            start, end = self.head_range if rest == "attn.attn_sink" else (None, None)
-            self._load(prefix + rest, tensor[start:end])
-        elif base == "attn.wo_a":
-            self._load_grouped(prefix, suffix, tensor)
-        elif base in _STACKED:
-            param, shard = _STACKED[base]
-            self._load(prefix + param + suffix, tensor, lambda p, t: p.weight_loader(p, t, shard))
+        for part, param, shard in _STACKED:
+            if part in mapped:
+                self._load(mapped.replace(part, param), tensor, shard)
+                return
+        base, _, suffix = mapped.partition(".attn.wo_a.")
+        if suffix:
+            self._load_grouped(f"{base}.attn.wo_a.", f".{suffix}", tensor)
+        elif mapped.endswith(".attn.attn_sink"):
+            self._load(mapped, tensor[slice(*self.head_range)])
+        elif mapped.endswith(_GATE_BIAS[0]):
+            self._load(mapped.removesuffix(_GATE_BIAS[0]) + _GATE_BIAS[1], tensor)
         else:
-            self._load(prefix + _RENAMES.get(base, base) + suffix, tensor)
+            self._load(mapped, tensor)
 
-    def _load(
-        self,
-        param_name: str,
-        tensor: Tensor,
-        weight_loader: Callable[[nn.Parameter, Tensor], object] | None = None,
-    ) -> None:
+    def _load(self, param_name: str, tensor: Tensor, shard: int | None = None) -> None:
+        """Into ``param_name`` (shard ``shard`` of a stacked linear) by its own weight_loader."""
         param = self.params.get(param_name)
         if param is None:
             raise DSparkCheckpointError(
                 f"draft parameter {param_name} does not exist for this checkpoint's tensor "
                 "(a quantisation scale for an unquantised draft, or a config mismatch)"
             )
-        if weight_loader is None:
-            weight_loader = getattr(param, "weight_loader", default_weight_loader)
-        if not getattr(param, "weight_loader", None) and param.shape != tensor.shape:
+        weight_loader = getattr(param, "weight_loader", None)
+        if weight_loader is None and param.shape != tensor.shape:
             raise DSparkCheckpointError(
                 f"{param_name} expects shape {tuple(param.shape)}, the checkpoint has "
                 f"{tuple(tensor.shape)} (config.json does not match the checkpoint)"
             )
-        weight_loader(param, tensor)
+        if shard is not None:
+            weight_loader(param, tensor, shard)
+        else:
+            (weight_loader or default_weight_loader)(param, tensor)
         self.filled.add(param_name)
 
     def _load_grouped(self, prefix: str, suffix: str, tensor: Tensor) -> None:
@@ -341,15 +336,11 @@ class _ParameterLoader:
         rows = tensor.shape[0] // self.config.o_groups
         for local in range(self.num_groups):
             group = self.first_group + local
-            self._load(
-                f"{prefix}attn.wo_a.{local}{suffix}", tensor[group * rows : (group + 1) * rows]
-            )
+            self._load(f"{prefix}{local}{suffix}", tensor[group * rows : (group + 1) * rows])
 
     def _load_expert(self, name: str, tensor: Tensor) -> None:
-        if name.endswith(".scale"):
-            name = name[: -len(".scale")] + self.expert_scale_suffix
-            if tensor.dtype == torch.float8_e8m0fnu:
-                tensor = tensor.view(torch.uint8)  # the MoE keeps the raw e8m0 exponents
+        if "weight_scale" in name and tensor.dtype == torch.float8_e8m0fnu:
+            tensor = tensor.view(torch.uint8)  # the MoE keeps the raw e8m0 exponents
         for param_name, weight_name, expert_id, shard_id in self.expert_mapping:
             if weight_name not in name:
                 continue

@@ -18,7 +18,7 @@ from vllm.distributed import (
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.torch_utils import set_default_torch_dtype
 from vllm.v1.spec_decode.dspark.deepseek_v4 import build_deepseek_v4_draft_model
-from vllm.v1.spec_decode.dspark.draft_model import DSparkDraftModel
+from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 
 
 def v4_vllm_config(model_dir: Path, k: int = 4) -> VllmConfig:
@@ -32,7 +32,7 @@ def v4_vllm_config(model_dir: Path, k: int = 4) -> VllmConfig:
     ).create_engine_config()
 
 
-def build_draft(vllm_config: VllmConfig, device: str = "cpu") -> DSparkDraftModel:
+def build_draft(vllm_config: VllmConfig, device: str = "cpu") -> DSparkRingDraft:
     """The draft's modules, unloaded, on ``device`` ("meta" builds without memory)."""
     with set_current_vllm_config(vllm_config):
         if not model_parallel_is_initialized():

@@ -1,7 +1,7 @@
 """A tiny DeepSeek-V4 target whose checkpoint carries its DSpark draft as ``mtp.*``.
 
 Config keys and tensor names are those DeepSeek-V4-Flash ships (the config starts from the
-published one, ``benchmarks.deepseek_v4_memory.V4_FLASH_CONFIG``; tensors ``embed.weight``,
+published one, ``dspark_demo.deepseek_v4_flash.V4_FLASH_CONFIG``; tensors ``embed.weight``,
 ``layers.{i}.attn.wq_a.weight``, ``mtp.{s}.ffn.experts.{e}.w1.weight``, ...); sizes are cut down
 except ``head_dim`` 512 and ``qk_rope_head_dim`` 64, which vLLM's DeepSeek-V4 CPU kernels require.
 """
@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from benchmarks.deepseek_v4_memory import V4_FLASH_CONFIG
+from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
 from dspark_demo.tiny_models import build_tokenizer
 
 VOCAB_SIZE = 1000

@@ -1,0 +1,90 @@
+"""What both V1 DSpark proposers share: their options, start-up checks, the per-position
+sampler, the confidence-scheduled lengths and the draft log."""
+
+import functools
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.dspark.block import trained_block_size
+from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
+from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
+from vllm.v1.spec_decode.dspark.options import DSparkOptions
+from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
+
+
+def check_k_within_block(config, k: int) -> int | None:
+    """The draft's trained block size (None: not recorded); k beyond it is refused."""
+    block_size = trained_block_size(config)
+    if block_size and k > block_size:
+        raise ValueError(
+            f"num_speculative_tokens={k} exceeds the DSpark draft's trained block size "
+            f"{block_size}: it never learned to predict that far. Use "
+            f"num_speculative_tokens <= {block_size}."
+        )
+    return block_size
+
+
+class DSparkProposerMixin:
+    """Mixed in before vLLM's proposer class (``SpecDecodeBaseProposer`` supplies
+    ``_sample_from_logits``, ``speculative_config``, ``max_batch_size``, ...)."""
+
+    def _init_dspark(self, vllm_config: VllmConfig, runner, unsupported) -> None:
+        self._runner = runner
+        self.options = DSparkOptions.from_config(
+            self.speculative_config,
+            async_scheduling=vllm_config.scheduler_config.async_scheduling,
+            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+            unsupported=unsupported,
+        )
+        self._draft_token_lengths: torch.Tensor | None = None
+
+    def _new_draft_probs(self) -> torch.Tensor | None:
+        """The probabilistic drafts' distributions buffer (None for greedy drafts)."""
+        if not self.options.probabilistic:
+            return None
+        vocab_size = self.vllm_config.model_config.get_vocab_size()
+        return draft_probs_buffer(
+            self.max_batch_size, self.num_speculative_tokens, vocab_size, self.device
+        )
+
+    def _check_confidence_head(self, has_confidence_head: bool) -> None:
+        if self.options.scheduling.needs_confidence and not has_confidence_head:
+            raise ValueError(
+                f"dspark_confidence_scheduler={self.options.scheduling.scheduler!r} "
+                f"needs a draft with a confidence head; '{self.draft_model_config.model}' has "
+                "none (enable_confidence_head and confidence_head.* weights)."
+            )
+
+    def _position_sampler(self, sampling_metadata: SamplingMetadata) -> PositionSampler:
+        """vLLM's draft sampler (``_sample_from_logits``) for one block position;
+        ``greedy_sample`` itself when every row is greedy."""
+        if not self.options.probabilistic or sampling_metadata.all_greedy:
+            return greedy_sample
+        return functools.partial(self._sample_from_logits, sampling_metadata=sampling_metadata)
+
+    def _schedule(self, confidence: torch.Tensor, k: int) -> None:
+        # A fresh tensor each step: the runner may still be copying the last.
+        self._draft_token_lengths = schedule_lengths(confidence, self.options.scheduling, k)
+
+    def take_draft_token_lengths(self) -> torch.Tensor | None:
+        """Per-request number of drafts to verify, ``[B]`` int32, or None to
+        verify all of them. Read once per step by the runner."""
+        lengths, self._draft_token_lengths = self._draft_token_lengths, None
+        return lengths
+
+    def _log_drafts(
+        self, anchors: torch.Tensor, anchor_tokens: torch.Tensor, drafts: torch.Tensor
+    ) -> None:
+        """Debug log (``dspark_draft_log``): per request, the last context position
+        before the block, the anchor token, the drafts and the scheduled length."""
+        req_ids = self._runner.input_batch.req_ids[: drafts.shape[0]]
+        append_draft_log(
+            self.options.draft_log,
+            req_ids,
+            anchors,
+            anchor_tokens,
+            drafts,
+            self._draft_token_lengths,
+        )

@@ -1,0 +1,45 @@
+"""Helpers shared by the test folders (imported as ``tests.helpers``)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Give ``path`` new bytes without touching a hard-linked or symlinked original."""
+    path.unlink(missing_ok=True)
+    path.write_bytes(data)
+
+
+class RowIndexedSlots:
+    """The reference recipe's mistake, a control for the contamination tests: a request's ring
+    slot is its batch row, so a request that moves rows reads another's context."""
+
+    def __init__(self, capacity: int) -> None:
+        from vllm.v1.spec_decode.dspark.slot_table import SlotTable
+
+        self._table = SlotTable(capacity)
+        self.capacity = self._table.capacity
+        self.scratch_slot = self._table.scratch_slot
+        self.req_id_to_slot: dict[str, int] = {}
+        self.free_slots = self._table.free_slots
+
+    def assign(self, req_ids):
+        from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment
+
+        self.req_id_to_slot = {req_id: row for row, req_id in enumerate(req_ids)}
+        return SlotAssignment(slots=list(range(len(req_ids))), fresh=[])
+
+    def release(self, req_id: str) -> None:
+        pass
+
+    def reconcile(self, live_req_ids) -> None:
+        pass
