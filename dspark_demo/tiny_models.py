@@ -538,3 +538,34 @@ def bigram_gemma4_draft_weights(
     )
     weights["markov_head.markov_w2.weight"] = markov_scale * embed
     return weights
+
+
+def gemma4_dflash_draft_spec(spec: Gemma4DraftSpec) -> DSparkDraftSpec:
+    """A DFlash draft for the tiny Gemma-4 target in upstream's only DFlash
+    architecture, Qwen3 (``DFlashQwen3ForCausalLM``): vLLM has no Gemma-4 DFlash
+    class. It taps the same target layers as the Gemma-4 DSpark draft ``spec``
+    (same hidden size) and has as many layers of the same attention width
+    (``GEMMA4_GLOBAL_HEAD_DIM``, one KV head), so that a side-by-side run
+    compares drafts of about the same cost."""
+    geometry = AttentionGeometry(num_kv_heads=1, head_dim=GEMMA4_GLOBAL_HEAD_DIM)
+    return DSparkDraftSpec(
+        block_size=spec.block_size,
+        target_layer_ids=list(spec.target_layer_ids),
+        num_layers=spec.num_layers,
+        geometry=geometry,
+        layout="dflash",
+        seed=spec.seed,
+        scale=spec.scale,
+    )
+
+
+def save_gemma4_dflash_draft(model_dir: Path, spec: Gemma4DraftSpec, oracle: bool = False) -> Path:
+    """Write the Qwen3-architecture DFlash draft of ``gemma4_dflash_draft_spec``.
+    It shares the target's embedding and tied lm_head; ``oracle`` zeroes its
+    final norm, so every draft logit is zero and argmax drafts token 0, as a
+    ``zero-norm`` target emits."""
+    dflash_spec = gemma4_dflash_draft_spec(spec)
+    weights = random_dspark_weights(dflash_spec)
+    if oracle:
+        weights["norm.weight"].zero_()
+    return save_dflash_draft(model_dir, dflash_spec, weights)
