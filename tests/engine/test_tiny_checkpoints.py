@@ -95,6 +95,9 @@ def _gemma4_checkpoints(root: Path) -> dict[str, Path]:
             targets["zero-norm"],
             tiny_models.oracle_gemma4_draft_weights(spec),
         ),
+        "gemma4 dflash draft (benchmark)": tiny_models.save_gemma4_dflash_draft(
+            root / "dflash", spec
+        ),
         "gemma4 dspark draft (bigram)": tiny_models.save_gemma4_draft(
             root / "bigram",
             bigram_spec,
