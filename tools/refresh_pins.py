@@ -10,8 +10,9 @@ For every version listed in recipe/pins.yaml:
 - the overlay list becomes every file under `overlay/` (bytecode caches excluded).
 
 Trees: `--tree VERSION=PATH` (site-packages or the vllm package), else the vllm of the Python
-running this tool when its version matches, else `.cache/vllm-<version>` (made by
-scripts/setup-cpu-env.sh). A tree that has DSpark installed is fine: the saved originals are used.
+running this tool when its version matches (a local label such as `+cpu` aside), else
+`.venv-vllm-<version>` or `.cache/vllm-<version>` (both made by scripts/setup-cpu-env.sh). A tree
+that has DSpark installed is fine: the saved originals are used.
 
 Usage: .venv/bin/python tools/refresh_pins.py [--tree 0.33.0=/path/to/site-packages]
 """
@@ -115,14 +116,20 @@ def _pristine(
 
 def _tree_for(version: str, trees: dict[str, Path]) -> VllmTree:
     candidates = (
-        [trees[version]] if version in trees else [None, PROJECT / ".cache" / f"vllm-{version}"]
+        [trees[version]]
+        if version in trees
+        else [
+            None,
+            *sorted(PROJECT.glob(f".venv-vllm-{version}/lib/python3*/site-packages")),
+            PROJECT / ".cache" / f"vllm-{version}",
+        ]
     )
     for candidate in candidates:
         try:
             tree = locate(candidate)
         except BadTarget:
             continue
-        if tree.version == version:
+        if tree.version.partition("+")[0] == version:
             return tree
     raise InstallerError(
         f"no vLLM {version} tree found; pass --tree {version}=/path/to/site-packages"

@@ -10,8 +10,8 @@ import torch
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
+from vllm.v1.spec_decode.dspark.block import check_block_size
 from vllm.v1.spec_decode.dspark.options import (
-    check_block_size,
     check_draft_flags,
     check_draft_log,
     check_paged_draft_config,

@@ -8,9 +8,9 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark.block import check_block_size
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.options import (
-    check_block_size,
     check_draft_flags,
     check_paged_draft_config,
     check_safetensors_files,

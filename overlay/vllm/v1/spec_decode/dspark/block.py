@@ -7,8 +7,24 @@ slots the block's queries write (``VllmConfig.num_lookahead_tokens``).
 from typing import Any
 
 
+def check_block_size(config: Any) -> None:
+    """DeepSpec's ``block_size`` (or ``dspark_block_size``), when present, is a positive int:
+    0 would read as "unset" and "4" fail as a TypeError deep in the proposer."""
+    for key in ("block_size", "dspark_block_size"):
+        value = getattr(config, key, None)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(
+                f"The DSpark draft config's {key}={value!r} is not a positive integer. Set it "
+                "to the block size the draft was trained with (an integer, e.g. 7)."
+            )
+
+
 def trained_block_size(config: Any) -> int | None:
-    """The block the draft was trained on (DeepSpec's ``block_size``)."""
+    """The block the draft was trained on (DeepSpec's ``block_size``), checked first: vLLM's
+    config set-up asks for it before the proposer's own start-up checks run."""
+    check_block_size(config)
     return getattr(config, "block_size", None) or getattr(config, "dspark_block_size", None)
 
 

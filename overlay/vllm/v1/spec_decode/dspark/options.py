@@ -180,18 +180,6 @@ def check_draft_log(path: str | None) -> None:
         ) from None
 
 
-def check_block_size(config: object) -> None:
-    """DeepSpec's ``block_size`` (or ``dspark_block_size``), when present, is a positive int:
-    0 would read as "unset" and "4" fail as a TypeError deep in the proposer."""
-    for key in ("block_size", "dspark_block_size"):
-        value = getattr(config, key, None)
-        if value is not None and (not _is_int(value) or value < 1):
-            raise ValueError(
-                f"The DSpark draft config's {key}={value!r} is not a positive integer. Set it "
-                "to the block size the draft was trained with (an integer, e.g. 7)."
-            )
-
-
 DRAFT_FLAGS = ("sample_from_anchor", "enable_confidence_head", "confidence_head_with_markov")
 """Draft-config switches read with ``getattr``: a string "false" would read as true."""
 
