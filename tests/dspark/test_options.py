@@ -11,8 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 from pydantic import ValidationError
 
+import vllm
 from dspark_demo import tiny_models
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
@@ -25,18 +27,18 @@ from vllm.v1.spec_decode.dspark.options import (
 
 
 @pytest.fixture(scope="module")
-def speculative_config(tmp_path_factory, monkeypatch_module) -> SpeculativeConfig:
+def tiny_pair(tmp_path_factory, monkeypatch_module) -> tuple[Path, Path]:
+    """A tiny Qwen3 target and DSpark draft."""
     root = tmp_path_factory.mktemp("options")
+    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
     target = tiny_models.build_qwen3_target(root / "target")
     draft = tiny_models.save_dspark_draft(root / "draft", tiny_models.DSparkDraftSpec())
-    monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
-    vllm_config = EngineArgs(
-        model=str(target),
-        dtype="float32",
-        max_model_len=256,
-        speculative_config={"method": "dspark", "model": str(draft), "num_speculative_tokens": 4},
-    ).create_engine_config()
-    return vllm_config.speculative_config
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def speculative_config(tiny_pair) -> SpeculativeConfig:
+    return engine_config(*tiny_pair).speculative_config
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,12 @@ HONOURED = {
     "quantization",
     "enforce_eager",
     "draft_tensor_parallel_size",
+    # vLLM 0.33.0: FLy's settings (rejection_sample_method "fly"), and the lookahead block
+    # hashes, which vLLM applies only to drafters that need EAGLE's trailing-block drop.
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
+    "disable_lookahead_block_hashes",
 }
 REFUSED_HERE = {*RING_PROPOSER_UNSUPPORTED, *OTHER_METHODS_FIELDS}
 # vLLM's post-init resets prompt_lookup_* to 0 for every method but n-gram.
@@ -190,6 +198,8 @@ REFUSED_BY_VLLM = {
     "index_share_for_mtp_iteration",
     "use_heterogeneous_vocab",
     "tensor_parallel_size",
+    "draft_lm_head_quantization",  # vLLM 0.33.0
+    "xpress_topc",  # vLLM 0.33.0
 }
 INTERNAL = {
     "target_model_config",
@@ -207,11 +217,82 @@ OWN = {
 }
 
 
+ADDED_IN_0_33 = {
+    "fly_window_size",
+    "fly_entropy_threshold",
+    "fly_entropy_top_k",
+    "disable_lookahead_block_hashes",
+    "draft_lm_head_quantization",
+    "xpress_topc",
+}
+FIELDS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
+ON_0_32 = Version(vllm.__version__).release[:2] == (0, 32)
+
+
 def test_every_speculative_config_field_is_accounted_for():
-    fields = {f.name for f in dataclasses.fields(SpeculativeConfig)}
     classified = HONOURED | REFUSED_HERE | RESET_BY_VLLM | REFUSED_BY_VLLM | INTERNAL | OWN
-    assert fields - classified == set(), "classify the new field(s) for DSpark"
-    assert classified - fields == set()
+    assert FIELDS - classified == set(), "classify the new field(s) for DSpark"
+    assert classified - FIELDS == (ADDED_IN_0_33 if ON_0_32 else set())
+
+
+needs_0_33 = pytest.mark.skipif(ON_0_32, reason="a vLLM 0.33.0 field")
+
+
+def engine_config(target: Path, draft: Path, **fields):
+    return EngineArgs(
+        model=str(target),
+        dtype="float32",
+        max_model_len=256,
+        enable_prefix_caching=True,
+        speculative_config={
+            "method": "dspark",
+            "model": str(draft),
+            "num_speculative_tokens": 4,
+            **fields,
+        },
+    ).create_engine_config()
+
+
+@needs_0_33
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"draft_lm_head_quantization": "fp8"}, "draft_lm_head_quantization is not supported"),
+        ({"xpress_topc": 8}, "xpress_topc is only supported by XPress"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_vllm_refuses_its_0_33_fields_for_dspark(tiny_pair, fields, message):
+    with pytest.raises(ValidationError, match=message):
+        engine_config(*tiny_pair, **fields)
+
+
+@needs_0_33
+def test_dspark_blocks_get_no_lookahead_hashes(tiny_pair, monkeypatch):
+    """vLLM 0.33.0 extends a prefix-cache block's hash over the tokens a drafter reads past it
+    only where the drafter's KV depends on the next token (``needs_eagle_block_drop``: EAGLE,
+    EAGLE3, MTP). DSpark's draft KV is the target's features alone: its hashes stay plain, with
+    ``disable_lookahead_block_hashes`` or without; the control shows the field's effect when
+    vLLM's predicate says yes."""
+    for disable in (False, True):
+        config = engine_config(*tiny_pair, disable_lookahead_block_hashes=disable)
+        assert config.num_hash_lookahead_tokens == 0
+    monkeypatch.setattr(SpeculativeConfig, "needs_eagle_block_drop", lambda self: True)
+    assert engine_config(*tiny_pair).num_hash_lookahead_tokens > 0
+    assert (
+        engine_config(*tiny_pair, disable_lookahead_block_hashes=True).num_hash_lookahead_tokens
+        == 0
+    )
+
+
+@needs_0_33
+def test_fly_settings_reach_vllms_rejection_sampler_config(speculative_config):
+    """FLy (``rejection_sample_method: fly``) is vLLM's rejection sampler: DSpark's greedy drafts
+    pass through it as any drafter's; probabilistic drafts need the standard sampler."""
+    fly = {"rejection_sample_method": "fly", "fly_window_size": 2, "fly_entropy_top_k": 4}
+    assert options(speculative_config, **fly) == DSparkOptions()
+    with pytest.raises(ValueError, match="needs rejection_sample_method='standard', got 'fly'"):
+        options(speculative_config, draft_sample_method="probabilistic", **fly)
 
 
 REPO = Path(__file__).resolve().parents[2]

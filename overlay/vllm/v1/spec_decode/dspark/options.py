@@ -111,9 +111,9 @@ class DSparkOptions:
         ):
             raise ValueError(
                 "speculative_config.draft_sample_method='probabilistic' needs "
-                "rejection_sample_method='standard' (the only one that reads draft "
-                f"probabilities), got {speculative_config.rejection_sample_method!r}. "
-                "Use draft_sample_method='greedy' or rejection_sample_method='standard'."
+                "rejection_sample_method='standard', got "
+                f"{speculative_config.rejection_sample_method!r}. Use "
+                "draft_sample_method='greedy' or rejection_sample_method='standard'."
             )
         draft_tp = speculative_config.draft_tensor_parallel_size
         if draft_tp is not None and draft_tp != target_tensor_parallel_size:
