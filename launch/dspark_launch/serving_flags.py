@@ -3,8 +3,8 @@
 Runs where the serving vLLM is installed (the image, or the local venv): the launcher pipes this
 file to `python3 - CONFIG_JSON SERVE_ARGS...` before any rank starts, so a flag that vLLM would
 refuse after minutes of weight loading is refused in seconds. Every rule is vLLM's:
-- the serve args go through vLLM's own `vllm serve` parser (its `--kv-cache-dtype`,
-  `--moe-backend` and `--quantization` choices);
+- the serve args go through vLLM's own `vllm serve` parser (its `--moe-backend` and
+  `--quantization` choices) and `--kv-cache-dtype` through vLLM's `CacheConfig`;
 - the checkpoint's quantisation is resolved by vLLM's `ModelConfig._verify_quantization` from
   its `config.json`, which also refuses a `--quantization` that contradicts the checkpoint;
 - `--moe-backend` goes through the MoE oracle of the experts' format (`map_mxfp4_backend`,
@@ -42,12 +42,20 @@ class FlagError(Exception):
     """A serving flag vLLM would refuse for this checkpoint."""
 
 
-def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
-    """The serve args as vLLM's own `vllm serve` parser reads them (choices included)."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+def serve_parser() -> argparse.ArgumentParser:
+    """vLLM's own `vllm serve` parser, built by its `serve` subcommand as the CLI builds it, so
+    wherever a vLLM version keeps the argument definitions (`vllm.entrypoints.launchers` in
+    0.32.0, `vllm.entrypoints.common` in 0.33.0)."""
+    from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    subcommands = FlexibleArgumentParser(prog="vllm").add_subparsers()
+    return ServeSubcommand().subparser_init(subcommands)
+
+
+def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
+    """The serve args as vLLM's own `vllm serve` parser reads them (choices included)."""
+    parser = serve_parser()
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
@@ -117,8 +125,22 @@ def check_moe_backend(backend: str, experts: str | None) -> None:
         ) from None
 
 
+def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
+    """vLLM's own rule for `--kv-cache-dtype`: its `CacheConfig` field (0.33.0 checks the value
+    there, where platform backends may register more; 0.32.0's parser already refused it)."""
+    from pydantic import ValidationError
+
+    from vllm.config.cache import CacheConfig
+
+    try:
+        CacheConfig(cache_dtype=kv_cache_dtype)
+    except ValidationError as e:
+        raise FlagError(f"--kv-cache-dtype: {e.errors()[0]['msg']}") from None
+
+
 def check(config: dict, serve_args: list[str]) -> dict:
     args = parse_serve_args(serve_args)
+    check_kv_cache_dtype(args.kv_cache_dtype)
     quantization = resolve_quantization(config, args.quantization)
     experts = experts_format(config, quantization)
     check_moe_backend(args.moe_backend, experts)

@@ -94,10 +94,9 @@ BIND_FLAGS = [
 @pytest.fixture(scope="module")
 def serve_parser():
     """The argument parser of the pinned vLLM's `vllm serve`."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from dspark_launch.serving_flags import serve_parser
 
-    return make_arg_parser(FlexibleArgumentParser())
+    return serve_parser()
 
 
 @pytest.mark.parametrize("flag", BIND_FLAGS, ids=" ".join)

@@ -9,15 +9,13 @@ import re
 
 import pytest
 
+from dspark_launch import serving_flags
 from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, managed_flag
 
 
 @pytest.fixture(scope="module")
 def serve_parser() -> argparse.ArgumentParser:
-    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args")
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    return cli_args.make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    return serving_flags.serve_parser()
 
 
 def vllm_resolves(parser: argparse.ArgumentParser, arg: str) -> argparse.Action | None:
