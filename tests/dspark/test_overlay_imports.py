@@ -1,8 +1,14 @@
 """The overlay's modules import one another without a circle (module-level and lazy
-function-level imports alike), read from the overlay's source with ``ast``."""
+function-level imports alike), read from the overlay's source with ``ast``, and each imports
+from the running vLLM."""
 
 import ast
+import importlib
 from pathlib import Path
+
+import pytest
+
+import vllm
 
 OVERLAY = Path(__file__).resolve().parents[2] / "overlay"
 
@@ -78,3 +84,11 @@ def test_the_check_finds_a_lazy_circle(tmp_path):
     (package / "a.py").write_text("from pkg.b import f\n")
     (package / "b.py").write_text("def f():\n    from pkg import a\n")
     assert find_cycle(import_graph(tmp_path)) == ["pkg.a", "pkg.b", "pkg.a"]
+
+
+@pytest.mark.each_vllm
+@pytest.mark.parametrize("module", sorted(overlay_modules()))
+def test_every_overlay_module_imports_from_the_installed_vllm(module):
+    """Each overlay module, as install.py placed it in the running vLLM, imports there."""
+    imported_module = importlib.import_module(module)
+    assert Path(imported_module.__file__).is_relative_to(Path(vllm.__file__).parent)

@@ -1,8 +1,8 @@
 """What a CUDA host runs of the DeepSeek-V4 draft that the CPU engine does not, checked on CPU.
 
 - Signatures: the draft's calls into vLLM's platform-specific code (each platform's
-  ``DeepseekV4MoE``, the mHC custom ops, the rotary) bind against the signatures written in the
-  installed vLLM's and the 0.33.0 sources, parsed with ``ast`` (CUDA-only modules are never
+  ``DeepseekV4MoE``, the mHC custom ops, the rotary) bind against the signatures written in
+  vLLM 0.32.0's and 0.33.0's sources, parsed with ``ast`` (CUDA-only modules are never
   imported).
 - Kernel inputs and warm-up: every quantised linear of the draft step gets contiguous rows, and
   every TileLang mHC variant the draft step calls is queued for the runner's JIT warm-up.
@@ -25,14 +25,12 @@ import vllm
 from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
+from tests.helpers import VLLM_SOURCES
 
 pytestmark = pytest.mark.engine
 
 INSTALLED = Path(vllm.__file__).parent
-VLLM_TREES = {
-    "installed": INSTALLED,
-    "0.33.0": Path(__file__).parents[2] / ".cache" / "vllm-0.33.0" / "vllm",
-}
+VLLM_TREES = VLLM_SOURCES
 PLATFORMS = ("nvidia", "amd", "xpu", "cpu")
 MHC_OPS = ("MHCPreOp", "MHCPostOp", "HCHeadOp")
 MHC_FORWARDS = ("forward_cuda", "forward_hip", "forward_xpu", "forward_cpu")

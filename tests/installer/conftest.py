@@ -1,4 +1,4 @@
-"""Fixtures: pristine real vLLM trees (0.32.0 from the environment, 0.33.0 from its wheel) and
+"""Fixtures: pristine real vLLM trees (0.32.0 from its environment, 0.33.0 from its wheel) and
 per-test copies of them, plus throwaway projects with generated patches and overlay files."""
 
 from pathlib import Path
@@ -11,24 +11,26 @@ from installer_testlib import (
     REPO,
     SETUP_HINT,
     SPECULATIVE,
+    VLLM_032,
     GeneratedProject,
     copy_vllm_tree,
     environment_tree,
     record_problems,
     run_installer,
 )
+from packaging.version import Version
 
 PRISTINE_FIXTURES = {"0.32.0": "pristine_032", "0.33.0": "pristine_033"}
 
 
 @pytest.fixture(scope="session")
 def pristine_032(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the environment's vLLM 0.32.0 with any DSpark install undone and proven
-    identical to the wheel's RECORD (the setup command installs the shipped manifest)."""
-    environment = environment_tree()
-    assert environment.version == "0.32.0", f"the environment has vLLM {environment.version}"
+    """A copy of .venv-vllm-0.32.0's vLLM with any DSpark install undone and proven identical to
+    the wheel's RECORD (the setup command installs the shipped manifest)."""
+    if not (VLLM_032 / "vllm" / "__init__.py").is_file():
+        pytest.fail(f"{VLLM_032} has no vLLM 0.32.0; {SETUP_HINT}")
     destination = tmp_path_factory.mktemp("vllm-0.32.0") / "site"
-    root = copy_vllm_tree(environment.root, destination, hardlink=False)
+    root = copy_vllm_tree(VLLM_032, destination, hardlink=False)
     result = run_installer(REPO, "--vllm-path", str(root), "--uninstall")
     assert result.returncode == 0, result.stderr
     assert record_problems(root) == []
@@ -41,6 +43,13 @@ def pristine_033() -> Path:
         pytest.skip(f"{CACHE_033} is missing; {SETUP_HINT} to fetch the vLLM 0.33.0 sources")
     assert record_problems(CACHE_033) == []
     return CACHE_033
+
+
+@pytest.fixture(scope="session")
+def pristine_running(request: pytest.FixtureRequest) -> Path:
+    """The pristine tree of the vLLM version that runs the tests."""
+    version = Version(environment_tree().version).public
+    return request.getfixturevalue(PRISTINE_FIXTURES[version])
 
 
 @pytest.fixture(params=sorted(PRISTINE_FIXTURES))

@@ -16,9 +16,11 @@ import pytest
 from installer.hashing import record_digest, sha256_hex
 from installer.state import STATE_DIR, StateStore
 from installer.vllm_tree import VllmTree, locate
+from tests.helpers import VLLM_SOURCES
 
 REPO = Path(__file__).resolve().parents[2]
-CACHE_033 = (REPO / ".cache" / "vllm-0.33.0").resolve()
+CACHE_033 = VLLM_SOURCES["0.33.0"].parent.resolve()
+VLLM_032 = VLLM_SOURCES["0.32.0"].parent
 SETUP_HINT = "run scripts/setup-cpu-env.sh"
 
 # Real vLLM files the generated patches change (present and identical in 0.32.0 and 0.33.0 layouts).

@@ -14,7 +14,7 @@ from dspark_demo import tiny_models
 from dspark_demo.engine import ENGINE_ENV
 from installer.state import STATE_DIR
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.each_vllm]
 
 # DFlash first: after ngram has imported numba, a second in-process engine
 # fails in vLLM's Triton-override scan (docs/vllm-cpu-testing notes, section 6).
@@ -82,10 +82,10 @@ def runnable_stock_tree(pristine: Path, destination: Path) -> Path:
 
 
 def test_dflash_and_ngram_outputs_are_the_same_with_and_without_the_install(
-    pristine_032: Path, tmp_path: Path
+    pristine_running: Path, tmp_path: Path
 ):
     installed = generate(tmp_path / "installed", None)
-    stock = generate(tmp_path / "stock", runnable_stock_tree(pristine_032, tmp_path / "site"))
+    stock = generate(tmp_path / "stock", runnable_stock_tree(pristine_running, tmp_path / "site"))
     assert installed.pop("dspark_installed") and not stock.pop("dspark_installed")
     for method in ("dflash", "ngram"):
         assert installed[method]["drafts"] > 0, method  # the method really speculated

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dspark_demo import tiny_models
+
+pytestmark = pytest.mark.each_vllm
 
 VALIDATE_DSPARK_CONFIG = """
 import sys
@@ -27,7 +31,8 @@ def validate_dspark_config(tmp_path: Path, pythonpath: str | None) -> subprocess
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"}
     env.pop("PYTHONPATH", None)
     if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+        # The 0.33.0 wheel's dist-info labels no CPU build: name the platform as upstream allows.
+        env.update(PYTHONPATH=pythonpath, VLLM_TARGET_DEVICE="cpu")
     return subprocess.run(
         [sys.executable, "-c", VALIDATE_DSPARK_CONFIG, str(target), str(draft)],
         capture_output=True,
@@ -43,9 +48,9 @@ def test_installed_environment_accepts_dspark_on_v1(tmp_path: Path):
     assert "accepted" in result.stdout
 
 
-def test_uninstalled_vllm_refuses_dspark_on_v1_again(pristine_032: Path, tmp_path: Path):
-    # pristine_032 is the environment's vLLM after install.py --uninstall, checked
-    # file by file against the wheel's RECORD.
-    result = validate_dspark_config(tmp_path, str(pristine_032))
+def test_uninstalled_vllm_refuses_dspark_on_v1_again(pristine_running: Path, tmp_path: Path):
+    # The running version's vLLM as its wheel ships it (for 0.32.0: the environment's after
+    # install.py --uninstall), checked file by file against the wheel's RECORD.
+    result = validate_dspark_config(tmp_path, str(pristine_running))
     assert result.returncode != 0
     assert "Model Runner V1 does not support: dspark speculative decoding" in result.stderr

@@ -4,9 +4,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from installer_testlib import REPO, environment_tree
+from installer_testlib import REPO, copy_vllm_tree, environment_tree
 
 from installer.vllm_tree import locate
+from tests.helpers import replace_file
 
 
 def test_default_tree_is_found_without_importing_vllm():
@@ -36,3 +37,14 @@ def test_site_packages_and_package_dir_resolve_alike(pristine_032: Path):
 def test_upstream_wheel_is_identified(pristine_033: Path):
     tree = locate(pristine_033)
     assert (tree.version, tree.dist_info.name) == ("0.33.0", "vllm")
+
+
+def test_a_local_label_on_the_dist_info_alone_is_one_release(pristine_032: Path, tmp_path: Path):
+    """A build variant labels its dist-info (``0.32.0+cpu``) and keeps the release in
+    ``vllm/_version.py`` (.venv's vLLM 0.33.0 is such a tree): one install, not a mix."""
+    tree = copy_vllm_tree(pristine_032, tmp_path / "site")
+    (metadata,) = tree.glob("vllm*.dist-info/METADATA")
+    replace_file(
+        metadata, metadata.read_bytes().replace(b"\nVersion: 0.32.0\n", b"\nVersion: 0.32.0+cpu\n")
+    )
+    assert locate(tree).version == "0.32.0+cpu"

@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_testlib import REPO
 
 from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG, V4_FP8_LINEARS
 from dspark_launch import serving_flags
 from dspark_launch.profile import PROFILES_DIR, load_profile
+from tests.helpers import VLLM_SOURCES
 
 SPARK = PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml"
 # The published DeepSeek-V4-Flash fields the check reads.
@@ -139,10 +139,7 @@ def test_an_unreadable_config_is_a_failure(tmp_path):
 
 def test_the_deepseek_v4_expert_rules_mirror_vllms_source():
     """experts_format restates DeepseekV4FP8Config.get_quant_method's keys; fail on drift."""
-    import vllm
-
-    trees = [Path(vllm.__file__).parent, REPO / ".cache" / "vllm-0.33.0" / "vllm"]
-    for tree in [tree for tree in trees if tree.is_dir()]:
+    for tree in VLLM_SOURCES.values():
         text = (tree / "models" / "deepseek_v4" / "quant_config.py").read_text()
         assert 'getattr(hf_config, "expert_dtype", "fp4")' in text, tree
         assert 'quant_cfg.get("moe_quant_algo")' in text, tree
