@@ -229,6 +229,7 @@ FIELDS = {f.name for f in dataclasses.fields(SpeculativeConfig)}
 ON_0_32 = Version(vllm.__version__).release[:2] == (0, 32)
 
 
+@pytest.mark.each_vllm
 def test_every_speculative_config_field_is_accounted_for():
     classified = HONOURED | REFUSED_HERE | RESET_BY_VLLM | REFUSED_BY_VLLM | INTERNAL | OWN
     assert FIELDS - classified == set(), "classify the new field(s) for DSpark"

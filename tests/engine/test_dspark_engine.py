@@ -43,7 +43,9 @@ def plain_bigram(tiny):
     return run_engine(tiny.bigram_target, LOSSLESS_PROMPTS, LOSSLESS_MAX_TOKENS, **CHURN)
 
 
-@pytest.mark.parametrize("k", [K, 2], ids=["k=block", "k<block"])
+@pytest.mark.parametrize(
+    "k", [pytest.param(K, id="k=block", marks=pytest.mark.each_vllm), pytest.param(2, id="k<block")]
+)
 def test_greedy_output_is_lossless_with_partial_acceptance(tiny, plain_bigram, k):
     dspark = run_engine(
         tiny.bigram_target,

@@ -12,6 +12,8 @@ import pytest
 from dspark_launch import serving_flags
 from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, managed_flag
 
+pytestmark = pytest.mark.each_vllm  # each version's own serve parser
+
 
 @pytest.fixture(scope="module")
 def serve_parser() -> argparse.ArgumentParser:

@@ -110,6 +110,7 @@ def test_each_expert_format_goes_through_its_own_oracle(kind, accepted, refused)
     assert rc == 1 and f"--moe-backend={refused} is refused" in answer["detail"], answer
 
 
+@pytest.mark.each_vllm  # 0.32.0's parser refuses the dtype, 0.33.0's CacheConfig
 def test_kv_cache_dtype_and_quantization_go_through_vllm():
     rc, answer = check(CHECKPOINTS["mxfp4"], spark_head_args(kv_cache_dtype="nvfp4_dsmla"))
     # vLLM 0.32.0's parser refuses it ("invalid choice"), 0.33.0's CacheConfig ("Invalid").
