@@ -15,17 +15,20 @@ from vllm.v1.spec_decode.dspark.options import (
     check_paged_draft_config,
     check_safetensors_files,
 )
+from vllm.v1.spec_decode.dspark.refusal import record_refusal
 
 logger = init_logger(__name__)
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
     """The V1 DSpark proposer for the configured draft. A refusal is logged once more as
-    one short line: vLLM's start-up failure buries it in a long traceback."""
+    one short line, and recorded for the frontend to raise last (``dspark/refusal.py``):
+    vLLM's start-up failure buries it in a long traceback."""
     try:
         return _make_proposer(vllm_config, device, runner)
     except ValueError as error:
         logger.error("DSpark refused the configuration: %s", error)
+        record_refusal(vllm_config.instance_id, str(error))
         raise
 
 

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vllm.v1.spec_decode.dspark.draft_log import append_records, start_record
 from vllm.v1.spec_decode.dspark.scheduling import ConfidenceScheduleConfig
 
 RING_PROPOSER_UNSUPPORTED: Mapping[str, str] = {
@@ -160,8 +161,9 @@ def _is_int(value: object) -> bool:
 
 
 def check_draft_log(path: str | None) -> None:
-    """``dspark_draft_log`` must name a file this process can append to; it is opened (and
-    created, empty) here, because the first step that writes to it would kill the server."""
+    """``dspark_draft_log`` must name a file this process can append to: it is opened (and
+    created) here and its start record written, so that a path that takes no write is refused
+    now rather than turned off at the first step (``draft_log.py``)."""
     if path is None:
         return
     where = f"speculative_config.dspark_draft_log={path!r}"
@@ -173,10 +175,10 @@ def check_draft_log(path: str | None) -> None:
     if not os.path.isdir(parent):
         raise ValueError(f"{where}: its directory {parent} does not exist. Create it first.")
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        append_records(path, [start_record()])
     except OSError as error:
         raise ValueError(
-            f"{where} cannot be opened for appending ({error.strerror}). Name a writable file."
+            f"{where} cannot be appended to ({error.strerror}). Name a writable file."
         ) from None
 
 
