@@ -11,6 +11,7 @@ Only this module's own files are read: created exclusively, never through a link
 this user.
 """
 
+import contextlib
 import glob
 import os
 import stat
@@ -53,10 +54,8 @@ def _take(path: str) -> str | None:
         message = os.read(fd, _MAX_BYTES).decode("utf-8", "replace").strip()
     finally:
         os.close(fd)
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
     return message or None
 
 
