@@ -47,7 +47,7 @@ def test_the_oracle_pair_explains_itself_and_is_kept_for_serving(tmp_path):
     assert "tau: 5.00 tokens per verification step" in out
     assert re.search(r"per engine step: plain [\d.]+ tokens in [\d.]+ ms; dspark", out)
     joined = out.replace("\n  ", " ")
-    assert re.search(r"Why not faster here: a step yields [\d.]+x the tokens but takes", joined)
+    assert re.search(r"a DSpark step yields [\d.]+x the tokens of a plain step but takes", joined)
     assert "this tiny draft has as many layers as the tiny target" in joined
 
     from transformers import AutoTokenizer
