@@ -1,4 +1,4 @@
-"""SlotTable: request-stable slots under random request lifetimes (issue 3, slot invariants)."""
+"""SlotTable: request-stable slots under random request lifetimes (the slot invariants)."""
 
 import pytest
 from hypothesis import event, given, settings

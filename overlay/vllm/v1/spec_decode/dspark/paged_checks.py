@@ -72,9 +72,6 @@ def check_gemma4_draft(draft_model_config, target_model_config) -> None:
         )
 
 
-_UNFILLED = float("nan")
-
-
 def check_draft_tensors(
     shipped: Iterable[str],
     parameters: Iterable[str],

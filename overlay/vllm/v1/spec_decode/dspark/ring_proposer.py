@@ -223,7 +223,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             vllm_config, runner, {**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED}
         )
         self._slot_table = SlotTable(self.max_batch_size)
-        # The brief's names for the table's state (the same dict and heap list).
+        # Short names for the table's state (the same dict and heap list).
         self._req_id_to_slot = self._slot_table.req_id_to_slot
         self._free_slots = self._slot_table.free_slots
         for name in _UNUSED_BASE_BUFFERS:
