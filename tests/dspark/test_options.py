@@ -16,12 +16,12 @@ from pydantic import ValidationError
 from dspark_demo import tiny_models
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.spec_decode.dspark.options import (
+from vllm.v1.spec_decode.dspark.checks import (
     DEEPSEEK_V4_UNSUPPORTED,
     OTHER_METHODS_FIELDS,
     RING_PROPOSER_UNSUPPORTED,
-    DSparkOptions,
 )
+from vllm.v1.spec_decode.dspark.options import DSparkOptions
 
 
 @pytest.fixture(scope="module")

@@ -379,7 +379,7 @@ def test_random_quantised_draft_mostly_drafts_as_its_bf16_twin(quantised_models,
 def test_the_targets_own_quantization_is_not_refused_and_another_is():
     """vLLM copies the target's quantization into the draft's speculative config; the V4 draft
     is built with it. Any other value is refused by name."""
-    from vllm.v1.spec_decode.dspark.options import (
+    from vllm.v1.spec_decode.dspark.checks import (
         DEEPSEEK_V4_UNSUPPORTED,
         refuse_unsupported_fields,
     )

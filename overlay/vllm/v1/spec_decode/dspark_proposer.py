@@ -8,13 +8,8 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark.checks import check_draft
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.options import (
-    check_block_size,
-    check_draft_flags,
-    check_paged_draft_config,
-    check_safetensors_files,
-)
 
 logger = init_logger(__name__)
 
@@ -27,21 +22,6 @@ def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=N
     except ValueError as error:
         logger.error("DSpark refused the configuration: %s", error)
         raise
-
-
-def check_draft(vllm_config: VllmConfig, family: str) -> None:
-    """The draft config's values and files, before anything is built."""
-    draft_model_config = vllm_config.speculative_config.draft_model_config
-    config = draft_model_config.hf_config
-    check_block_size(config)
-    check_draft_flags(config)
-    if family != "deepseek_v4":
-        check_paged_draft_config(
-            config,
-            target_vocab_size=vllm_config.model_config.get_vocab_size(),
-            target_hidden_size=vllm_config.model_config.get_hidden_size(),
-        )
-    check_safetensors_files(draft_model_config.model)
 
 
 def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
