@@ -48,7 +48,7 @@ def bench_results(tiny_servers, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc
 def test_summary_of_real_vllm_bench_serve_runs(bench_results, capsys):
     spec_dir, plain_dir = bench_results / "spec", bench_results / "plain"
     assert serve_summary.main([str(spec_dir), str(plain_dir)]) == 0

@@ -15,8 +15,6 @@ import torch
 from dspark_demo import tiny_models
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
-
 K = 4
 CONFIDENCE = 0.5  # sigmoid(0)
 

@@ -14,8 +14,6 @@ from safetensors.torch import load_file, save_file
 
 from dspark_demo.engine import dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
-
 
 def startup_error(target: Path, speculative_config: dict) -> str:
     """Every message along the exception chain of a failed engine start."""

@@ -16,8 +16,6 @@ from dspark_demo.engine import (
     run_engine,
 )
 
-pytestmark = pytest.mark.engine
-
 K = 4  # the tiny drafts' trained block size
 
 

@@ -31,8 +31,6 @@ import torch
 from dspark_demo import tiny_models
 from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
 
-pytestmark = pytest.mark.engine
-
 K = 4
 # float32 logits of magnitude ~1 carry ~1e-6 error; 1e-4 leaves a wide margin
 # while any real mismatch (wrong position, another layer's norm) moves logits by ~1e-2.

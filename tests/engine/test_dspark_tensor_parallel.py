@@ -12,7 +12,7 @@ import pytest
 from dspark_demo import tiny_models
 from dspark_demo.engine import draft_steps, dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc
 
 K = 4
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w7 w8 w9 w10"]

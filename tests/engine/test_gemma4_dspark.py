@@ -36,8 +36,6 @@ from dspark_demo.engine import (
     run_engine,
 )
 
-pytestmark = pytest.mark.engine
-
 K = 4  # the tiny drafts' trained block size
 # Longer than the target's 32-token sliding window.
 PROMPTS = [

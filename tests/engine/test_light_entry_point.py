@@ -7,10 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.engine
-
 OVERLAY = Path(__file__).resolve().parents[2] / "overlay"
 V4_DRAFT = ("vllm.v1.spec_decode.dspark.deepseek_v4", "vllm.v1.spec_decode.dspark.ring_proposer")
 

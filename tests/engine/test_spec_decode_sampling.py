@@ -10,8 +10,6 @@ import torch
 
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
-
 PROMPTS = ["w1 w2 w3", "w5 w9 w13 w2", "w40 w41", "w7 w7 w8 w9 w10", "w300 w2 w88"]
 # top_k=1 is greedy at any temperature, so those requests have a known answer.
 TOP_K_ONLY = [{"temperature": 1.0, "top_k": 1}, {"temperature": 0.5, "top_k": 1}] * 2 + [{}]

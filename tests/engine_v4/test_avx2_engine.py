@@ -11,11 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.engine_v4 import cpp_standins
-
-pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_CASES = [

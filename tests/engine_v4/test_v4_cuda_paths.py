@@ -26,8 +26,6 @@ from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
 
-pytestmark = pytest.mark.engine
-
 INSTALLED = Path(vllm.__file__).parent
 VLLM_TREES = {
     "installed": INSTALLED,

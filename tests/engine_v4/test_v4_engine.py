@@ -14,8 +14,6 @@ from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 from tests.helpers import RowIndexedSlots
 
-pytestmark = pytest.mark.engine
-
 K = 4
 
 

@@ -25,8 +25,6 @@ from dspark_demo.engine import TinyEngine, read_draft_log
 from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import V4_ENGINE_ARGS, dspark, run_v4
 
-pytestmark = pytest.mark.engine
-
 K = 4
 V4_BLOCK = 256
 WINDOW = 128

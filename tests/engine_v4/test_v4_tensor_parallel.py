@@ -20,7 +20,7 @@ from dspark_demo.engine import draft_steps
 from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc
 
 K = 4
 PROMPTS = [cycle_prompt(10 + PERIOD * i, n) for i, n in enumerate([40, 45, 64, 50])]

@@ -177,7 +177,7 @@ def _spec_decode_drafts(api_port: int) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc
 @pytest.mark.parametrize("speculative", ["none", "dspark"])
 def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatch, speculative):
     """Two real `vllm serve` processes, --nnodes 2 --tensor-parallel-size 2 over gloo on
