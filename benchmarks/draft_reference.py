@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Plain-torch forward of DeepSpec-format Qwen3 block drafts (DSpark and DFlash).
 
 Written from vLLM's conventions so that a draft trained or scored here means the

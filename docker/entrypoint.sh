@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # Container entrypoint: `vllm serve` with the user's arguments, then the image's bind address.
 #
 # The user's arguments come first and unchanged: vLLM wants the model as the first argument after

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tiny local models for running a real vLLM engine with DSpark on a CPU.
 
 Everything is built from scratch on disk in well under a second (no hub access):

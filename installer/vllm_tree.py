@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Find a vLLM package on disk and read its version and RECORD without importing it.
 
 Importing vLLM would pull in torch and CUDA probing; the installer must work on any tree it can
@@ -191,8 +193,16 @@ def _name_and_version(metadata: str) -> tuple[str, str]:
 
 def _version_from_source(version_file: Path) -> str | None:
     try:
-        module = ast.parse(version_file.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
+        return version_assigned_in(version_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def version_assigned_in(source: str) -> str | None:
+    """The string a module assigns to ``__version__``, read without importing it."""
+    try:
+        module = ast.parse(source)
+    except (SyntaxError, ValueError):
         return None
     for node in module.body:
         if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Constant):

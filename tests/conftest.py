@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The test tiers, marked by folder (pyproject.toml registers them; CONTRIBUTING.md lists them).
 
 - ``unit``: pure logic, files and subprocesses of the installer and launcher; no vLLM engine.

@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """GPU self-test of a DSpark vLLM install: what the CPU test suite cannot prove, in one command.
 
 Run it with the Python of the vLLM that serves (inside the image on each node; `dspark-launch

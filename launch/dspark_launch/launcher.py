@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The launcher's commands: preflight, start, stop, status, logs.
 
 Order of `start`: refuse if ranks already exist, check both nodes, ship each rank's env file,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Node drivers: how one rank is checked, started, watched and stopped.
 
 `LocalRank` runs `vllm serve` as a process group on this host (local mode, both ranks);

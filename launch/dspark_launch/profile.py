@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Serving profiles (`recipe/profiles/*.yaml`): what to serve and how, identical on every rank.
 
 Values that must agree across ranks (model, revision, parallelism, speculative config) live only

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Strict reading of the launcher's YAML files: every error names the file and the key.
 
 The reference recipe's env files ran garbage when saved with a BOM or CRLF line endings, and

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The site file: everything that differs per cluster (hosts, NICs, ports, paths, secrets).
 
 Validated completely before any command runs. Secrets are read into memory here and leave the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every benchmark the docs name starts: it imports and its ``--help`` prints usage.
 
 The benchmarks run by hand, outside the test suite, so a module that no longer imports (a

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """`vllm bench serve` against real local vLLM servers, summarised by benchmarks/serve_summary.py;
 the summariser's pairing and refusals on small result files."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The image entrypoint, run for real with a recording `vllm` in place of vLLM on PATH."""
 
 import json

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DSpark proposer's settings from vLLM's real SpeculativeConfig: typed fields, cross-field
 rules, and upstream fields refused by name. Start-up through the engine is covered by
 tests/engine/test_dspark_speculative_fields.py; async scheduling never runs on vLLM's CPU build,

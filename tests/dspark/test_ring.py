@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """ContextRing: placement, validity, isolation, ragged writes, batch invariance, no host syncs."""
 
 import ast

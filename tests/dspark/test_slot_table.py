@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """SlotTable: request-stable slots under random request lifetimes (the slot invariants)."""
 
 import pytest

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The start-up checks (``dspark/checks.py``) of the draft's config values, log path and weight
 files: the pure checks, then ``make_dspark_proposer`` on the VllmConfig vLLM builds for the tiny
 Qwen3 and Gemma-4 pairs, which refuses before building anything. One engine start shows that

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Confidence-scheduled verification with the real DSpark proposer and engine.
 
 Two confidence heads whose lengths are known in advance: a constant one (zero weight, bias b:

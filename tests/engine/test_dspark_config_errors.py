@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Bad DSpark configurations fail when the engine starts, saying what to fix.
 
 The checks of config values, files and fields run in ``make_dspark_proposer`` before anything

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Drafts in the engine equal DeepSpec's draft forward, recomputed from scratch.
 
 The reference below follows DeepSpec's own modeling code for its Qwen3 drafts

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Upstream's speculative-config fields on the V1 DSpark path, honoured: each test fails when the
 proposer ignores its field. The fields refused at start-up are tested on vLLM's own config
 (tests/dspark/test_options.py, tests/dspark/test_startup_checks.py)."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tensor parallelism (TP = 2, two CPU worker processes) on the paged Qwen3 DSpark path.
 
 Every rank runs the draft and the confidence scheduler; only rank 0's drafts and lengths reach

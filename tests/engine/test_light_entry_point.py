@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What the patched tree imports: a plain engine (no speculative decoding) no overlay module,
 and a Qwen3 DSpark engine no module of the DeepSeek-V4 draft. Each engine runs in a fresh
 interpreter (in-process engine core), which reports the overlay modules it imported."""

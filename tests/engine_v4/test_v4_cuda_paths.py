@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What a CUDA host runs of the DeepSeek-V4 draft that the CPU engine does not, checked on CPU.
 
 - Signatures: the draft's calls into vLLM's platform-specific code (each platform's

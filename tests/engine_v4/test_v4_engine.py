@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DSpark with a DeepSeek-V4 target, end to end in the real vLLM CPU engine.
 
 ``LLM(<tiny V4 target>, speculative_config={"method": "dspark", "num_speculative_tokens": k})``:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Prefix caching and chunked prefill with a DeepSeek-V4 target, in the real engine.
 
 vLLM's CPU platform switches both off for DeepSeek-V4 unless the CPU has AMX tiles

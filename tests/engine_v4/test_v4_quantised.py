@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DeepSeek-V4 draft as V4-Flash ships it: FP8 block-scaled linears, MXFP4 routed experts.
 
 The tiny V4 target and its ``mtp.*`` draft are quantised exactly as V4-Flash ships them

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DeepSeek-V4 DSpark at tensor-parallel size 2, in two CPU worker processes.
 
 The draft's layers shard over the target's tensor-parallel group and its loader cuts each rank's

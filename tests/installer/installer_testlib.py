@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Helpers for the installer tests: real vLLM tree copies, tree snapshots, and throwaway project
 checkouts whose patches and overlay files the tests generate against real vLLM sources."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The one bounded YAML reader (installer/safe_yaml.py) and the installer's one-line refusals of
 malformed pins, fault specs and journals."""
 

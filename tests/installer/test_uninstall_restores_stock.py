@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """After --uninstall, vLLM is stock again: its V1 runner refuses method "dspark",
 which the installed environment accepts (the refusal is what the patches lift)."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM 0.33.0, the version the images ship: install into a copy of its sources, then import
 every overlay module from that tree and build the DSpark config path (EngineArgs -> VllmConfig
 -> the DSpark proposer) against it, in a subprocess with the environment's CPU torch.

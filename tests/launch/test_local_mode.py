@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Local mode: both ranks as process groups on this host. First with a stand-in `vllm` for the
 failure paths, then a real two-process vLLM deployment (tensor parallel 2 over --nnodes 2)."""
 

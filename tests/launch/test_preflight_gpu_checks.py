@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Preflight's checks before any weights load: the serving flags against vLLM's rules for the
 pinned snapshot's config.json (head), and the GPU self-test in the image on both nodes, each
 node's verdict printed; `start --skip-selftest` skips only the latter."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The serving-flag check (`dspark_launch/serving_flags.py`) against vLLM's own rules: the Spark
 profile's rendered head command against a tiny `config.json` of each quantisation the
 DeepSeek-V4 family ships, run as the launcher runs it (the file piped to `python3 -`).

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """tools/gpu_selftest.py on this CPU host, as CI and the launcher run it, so it cannot rot: the
 CUDA checks say "skipped: needs CUDA", the CPU-meaningful ones run, and each of those fails when
 what it checks is broken (mutations below)."""

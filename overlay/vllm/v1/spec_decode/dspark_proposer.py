@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark speculative decoding on vLLM's V1 model runner: the entry point.
 
 The runner patch calls ``make_dspark_proposer``; it picks the proposer of the
@@ -8,6 +10,7 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark import __version__
 from vllm.v1.spec_decode.dspark.checks import check_draft
 from vllm.v1.spec_decode.dspark.family import draft_family
 
@@ -29,6 +32,7 @@ def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
     KV cache (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the
     proposer's own ring."""
     family = draft_family(vllm_config.speculative_config.draft_model_config)
+    logger.info("DSpark %s (dspark-vllm), %s draft.", __version__, family)
     check_draft(vllm_config, family)
     if family != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer

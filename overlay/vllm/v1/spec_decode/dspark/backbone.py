@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The contract between the DSpark drafter and a checkpoint family's draft network.
 
 A ring-context DSpark draft reads, per request, a window of projected target

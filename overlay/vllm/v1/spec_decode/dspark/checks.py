@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Every start-up refusal of a DSpark configuration, its draft's config and files, in one place.
 
 A bad value stops start-up in one line naming the field and the fix, instead of failing at the
@@ -400,8 +402,8 @@ def check_draft_tensors(
             continue  # unused placeholder; d2t only with a reduced vocabulary (refused)
         name = param if param.startswith("lm_head") else param.removeprefix("model.")
         packed = next((key for key in packed_modules if key in name), None)
-        shards = packed_modules[packed] if packed else [None]
-        expected[param] = [name.replace(packed, shard) if packed else name for shard in shards]
+        shards = packed_modules[packed] if packed else ()
+        expected[param] = [name.replace(packed, s) for s in shards] if packed else [name]
     known = {tensor for tensors in expected.values() for tensor in tensors}
     known.update(name.removeprefix("model.") for name in buffers)
     unknown = sorted(shipped - known - {"d2t"})

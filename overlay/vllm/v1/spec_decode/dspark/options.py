@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The V1 DSpark proposer's settings, read from vLLM's ``SpeculativeConfig``.
 
 Upstream's fields are honoured where they mean something for DSpark

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark for full-attention drafts (DeepSpec Qwen3, Gemma-4) on V1's DFlash machinery.
 
 DSpark is DFlash plus a sequential Markov chain: this proposer is ``DFlashProposer``

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """What both V1 DSpark proposers share: their options, the per-position
 sampler, the confidence-scheduled lengths and the draft log."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark for DeepSeek-V4 on V1, with the draft context kept by the proposer itself.
 
 A per-request ring of projected target positions ("ring"), addressed through a

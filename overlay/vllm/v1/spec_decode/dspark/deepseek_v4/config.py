@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Validated view of the DeepSeek-V4 checkpoint fields the DSpark draft reads.
 
 The checkpoint's ``config.json`` is the only description of the draft, and the reference recipe

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Strict loader for the DeepSeek-V4 DSpark draft stored as ``mtp.{s}.*`` in the target checkpoint.
 
 A check around upstream's remap. Every draft tensor the config implies must be present and every
