@@ -14,8 +14,8 @@ from typing import TypeVar
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from dspark_common.safe_yaml import YamlError, load_mapping
 from installer.errors import BadTarget, InstallerError, Refused
-from installer.safe_yaml import YamlError, load_mapping
 
 _T = TypeVar("_T", list, dict)
 

@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dspark_common.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
 from dspark_launch.errors import ConfigError
-from installer.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
 
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 """Every character `str.splitlines()` splits on. A value holding one would read back as two

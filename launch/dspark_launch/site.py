@@ -13,11 +13,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_common.safe_yaml import shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
 from dspark_launch.profile import Profile
 from dspark_launch.schema import Section, is_one_line, read_yaml
-from installer.safe_yaml import shown
 
 MODES = ("docker", "local")
 HEAD, WORKER = "head", "worker"
