@@ -254,3 +254,73 @@ def test_vllm_refuses_adaptive_verification_for_dspark(configs):
             qwen3.speculative_config.draft_model_config.model,
             enable_adaptive_verification=True,
         )
+
+
+# --- The DeepSeek-V4 draft's config (deepseek_v4/config.py) --------------------------------------
+
+
+def v4_config(**changes):
+    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
+
+    return DeepSeekV4DSparkConfig.from_hf_config({**TINY_V4_CONFIG, **changes})
+
+
+def test_the_tiny_v4_config_passes_as_a_mapping_and_as_a_pretrained_config():
+    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
+
+    config = v4_config()
+    assert config == DeepSeekV4DSparkConfig.from_hf_config(PretrainedConfig(**TINY_V4_CONFIG))
+    assert config.feature_size == config.num_stages * config.hidden_size
+    rope = {"rope_parameters": {"rope_theta": 5000.0}}
+    without_theta = {k: v for k, v in TINY_V4_CONFIG.items() if k != "rope_theta"}
+    assert DeepSeekV4DSparkConfig.from_hf_config({**without_theta, **rope}).rope_theta == 5000.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"dspark_block_size": 0}, "dspark_block_size = 0: Input should be greater than 0"),
+        ({"dspark_block_size": "4"}, "dspark_block_size = '4': Input should be a valid integer"),
+        ({"dspark_block_size": True}, "dspark_block_size = True: Input should be a valid integer"),
+        ({"rms_norm_eps": True}, "rms_norm_eps = True: Input should be a valid number"),
+        ({"dspark_target_layer_ids": []}, "dspark_target_layer_ids = []: Tuple should have at"),
+        ({"dspark_target_layer_ids": ["0"]}, "dspark_target_layer_ids.0 = '0'"),
+        ({"dspark_target_layer_ids": [1, 0]}, "must be strictly increasing, got [1, 0]"),
+        ({"dspark_target_layer_ids": [-1, 0]}, "contains -1 (embedding output)"),
+        ({"dspark_target_layer_ids": [0, 99]}, "must each be -1 (embedding output) or in"),
+        ({"dspark_noise_token_id": 10**6}, "dspark_noise_token_id must be in [0, vocab_size="),
+        ({"dspark_markov_rank": -1}, "dspark_markov_rank = -1: Input should be greater than or"),
+        ({"hidden_act": "gelu"}, "hidden_act = 'gelu': Input should be 'silu'"),
+        ({"norm_topk_prob": False}, "norm_topk_prob = False: Input should be True"),
+        ({"enable_confidence_head": "yes"}, "enable_confidence_head = 'yes': Input should be"),
+        ({"o_groups": 3}, "must be a multiple of o_groups=3"),
+        ({"sliding_window": 0}, "sliding_window = 0: Input should be greater than 0"),
+        ({"hc_mult": 0}, "hc_mult = 0"),
+        ({"hc_sinkhorn_iters": 0}, "hc_sinkhorn_iters = 0"),
+        ({"num_experts_per_tok": 999}, "num_experts_per_tok must be in [1, n_routed_experts="),
+        ({"qk_rope_head_dim": 3}, "qk_rope_head_dim must be even and in (0, head_dim="),
+        ({"num_hash_layers": 99}, "would fall inside num_hash_layers=99"),
+        ({"hc_eps": None}, "hc_eps = None: Input should be a valid number"),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_the_v4_config_refuses_a_bad_field_in_one_line_naming_it(changes, message):
+    from vllm.v1.spec_decode.dspark.deepseek_v4.config import DSparkConfigError
+
+    with pytest.raises(DSparkConfigError) as caught:
+        v4_config(**changes)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_missing_v4_field_is_named():
+    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from vllm.v1.spec_decode.dspark.deepseek_v4.config import (
+        DeepSeekV4DSparkConfig,
+        DSparkConfigError,
+    )
+
+    source = {k: v for k, v in TINY_V4_CONFIG.items() if k != "hc_eps"}
+    with pytest.raises(DSparkConfigError, match=r"the checkpoint config has no `hc_eps`"):
+        DeepSeekV4DSparkConfig.from_hf_config(source)
