@@ -13,6 +13,11 @@ the whole context and the whole block. Target features come from Hugging
 Face's Qwen3 (the residual stream after each tapped layer). Every logged draft
 block is recomputed from the whole context before its anchor.
 
+``benchmarks/draft_reference.py`` holds a second plain-torch Qwen3 draft on purpose: a
+trainable float32 module written from vLLM's conventions, to train and score drafts in batches.
+This one is derived independently, from DeepSpec's code, so that a convention both got wrong
+would not go unseen.
+
 Draft tokens are argmaxes, so a draft token is accepted when its reference
 logit is within ``TOLERANCE`` of the best (float32 engine vs float64
 reference; near-ties may legitimately flip). The Markov chain is fed the logged
