@@ -17,9 +17,9 @@ import types
 import pytest
 import torch
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
+from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
-from tests.engine_v4 import quantise_v4
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 
