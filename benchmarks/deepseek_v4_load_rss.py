@@ -1,8 +1,8 @@
 """Peak host memory of loading the DeepSeek-V4 DSpark draft, against its ``mtp.*`` bytes.
 
-Writes the tiny V4 checkpoint (``dspark_demo/checkpoints/deepseek_v4.py``) scaled up by its hidden and expert
-sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft, then loads
-the draft in a fresh process per way, side by side:
+Writes the tiny V4 checkpoint (``dspark_demo/checkpoints/deepseek_v4.py``) scaled up by its hidden
+and expert sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft,
+then loads the draft in a fresh process per way, side by side:
 
 - ``streamed``: the proposer's path, ``checkpoint_draft_tensors`` (one tensor read at a time);
 - ``dict``: the earlier path, every ``mtp.*`` tensor taken from vLLM's safetensors iterator

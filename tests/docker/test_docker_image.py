@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dockerfiles import DOCKERFILES, FAKE_LISTINGS, REPO, read
+from dockerfiles import DOCKERFILES, REPO, fake_listing, read
 from launcher_args import rendered_ranks
 from packaging.version import Version
 from standin import StandinError, ensure_standin
@@ -129,7 +129,7 @@ def build(docker: Docker, name: str, base: str, tag: str, context: Path = REPO, 
         "ALLOW_UNPINNED_BASE": "1",
         "VLLM_VERSION": vllm_version,
         "DSPARK_REVISION": "cpu-standin-test",
-        "ARCH_LISTING_JSON": json.dumps(FAKE_LISTINGS[name]),
+        "ARCH_LISTING_JSON": json.dumps(fake_listing(name)),
         **extra,
     }
     command = [*docker.build, "--progress=plain", "-f", str(DOCKERFILES[name]), "-t", tag]
