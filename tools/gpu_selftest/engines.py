@@ -45,16 +45,26 @@ def qwen3_pair(root: Path) -> tuple[str, str | None, str]:
     return str(target), str(draft), "float32"
 
 
+# DeepSeek-V4-Flash's 64 attention heads over the Spark profile's tensor-parallel size 2: each
+# Spark rank's head count, which picks the attention kernel's specialisation on CUDA.
+V4_HEADS_PER_RANK = 32
+
+
+def deepseek_v4_config() -> dict:
+    from dspark_demo.checkpoints.deepseek_v4_quantised import QUANTISED_V4_CONFIG
+
+    return {**QUANTISED_V4_CONFIG, "num_attention_heads": V4_HEADS_PER_RANK}
+
+
 def deepseek_v4_target(root: Path) -> tuple[str, str | None, str]:
     """(target with its `mtp.*` draft, no separate draft, dtype) of the DeepSeek-V4 check."""
     from dspark_demo.checkpoints import deepseek_v4, deepseek_v4_quantised
 
+    config = deepseek_v4_config()
     shipped, _ = deepseek_v4_quantised.quantise_v4_checkpoint(
-        deepseek_v4_quantised.moe_oracle_checkpoint()
+        deepseek_v4_quantised.moe_oracle_checkpoint(config)
     )
-    target = deepseek_v4.save_v4_target(
-        root / "target", shipped, deepseek_v4_quantised.QUANTISED_V4_CONFIG, keep_dtypes=True
-    )
+    target = deepseek_v4.save_v4_target(root / "target", shipped, config, keep_dtypes=True)
     return str(target), None, "bfloat16"
 
 
@@ -63,11 +73,10 @@ def qwen3_prompts() -> list[list[int]]:
 
 
 def deepseek_v4_prompts() -> list[list[int]]:
-    from dspark_demo.checkpoints.deepseek_v4 import cycle_prompt
+    """Longer than the oracle's period, so that its drafts read the ring and are accepted."""
+    from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 
-    return [
-        cycle_prompt(first, length) for first, length in ((3, 9), (100, 14), (250, 6), (777, 11))
-    ]
+    return [cycle_prompt(10 + PERIOD * i, 48 + 8 * i) for i in range(4)]
 
 
 FAMILIES: dict[str, tuple[Callable[[Path], tuple[str, str | None, str]], Callable]] = {
