@@ -12,18 +12,28 @@ def _graphs_module():
     return ring_proposer
 
 
+def _captured(drafter) -> bool:
+    graphs = getattr(drafter, "draft_graphs", None)
+    return graphs is not None and bool(graphs.captured)
+
+
 def greedy_agreement(drafter) -> dict[int, bool]:
     """Per captured request count: whether replaying its graph drafts exactly what the eager
-    draft does for the same inputs (`graph_and_eager_drafts_agree`)."""
+    draft does for the same inputs (`graph_and_eager_drafts_agree`); empty when nothing was
+    captured (the graph counts say so)."""
+    if not _captured(drafter):
+        return {}
     return _graphs_module().graph_and_eager_drafts_agree(drafter)
 
 
 def sampled_agreement(drafter, seed: int) -> dict[int, bool] | None:
     """Per captured request count: whether drafts drawn through the graph equal eager drafts
     drawn with the same random numbers (seeded with `seed`); None where the graphs replay greedy
-    drafts only (the graphs module has no `SAMPLED_CHECK`)."""
+    drafts only (the graphs module has no `SAMPLED_CHECK`), empty when nothing was captured."""
     check = getattr(_graphs_module(), SAMPLED_CHECK, None)
-    return None if check is None else check(drafter, seed)
+    if check is None:
+        return None
+    return check(drafter, seed) if _captured(drafter) else {}
 
 
 def capture_plan(runner) -> dict:

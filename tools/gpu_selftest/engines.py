@@ -69,6 +69,7 @@ def deepseek_v4_target(root: Path) -> tuple[str, str | None, str]:
 
 
 def qwen3_prompts() -> list[list[int]]:
+    """The demo's prompts as the tiny tokenizer's ids (`w12` is 16)."""
     return [[16, 11, 304, 45, 9], [904 + i for i in range(8)], [5, 6, 7], [504, 46, 46, 46, 11]]
 
 
@@ -90,14 +91,18 @@ class EngineFailed(Exception):
 
 
 def run_engine(spec: EngineSpec) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-m", "tools.gpu_selftest.engine_run", spec_json(spec)],
-        cwd=PROJECT,
-        capture_output=True,
-        text=True,
-        timeout=ENGINE_TIMEOUT_S,
-        check=False,
-    )
+    """`engine_run`'s answer for `spec`; EngineFailed with its last error line otherwise."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tools.gpu_selftest.engine_run", spec_json(spec)],
+            cwd=PROJECT,
+            capture_output=True,
+            text=True,
+            timeout=ENGINE_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise EngineFailed(f"no answer within {ENGINE_TIMEOUT_S} s") from None
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
@@ -113,7 +118,10 @@ def skip_reason(family: str, args: argparse.Namespace, on_cuda: bool) -> str | N
     if args.runner == "v2":
         return f"{NEEDS_CUDA}: Model Runner V2 (upstream's DSpark) runs on CUDA only"
     if family == "deepseek_v4":
-        return f"{NEEDS_CUDA}: vLLM's CPU build has no Triton for the V4 draft's kernels"
+        return (
+            f"{NEEDS_CUDA}: vLLM's CPU wheel serves DeepSeek-V4 only with Triton (which it lacks) "
+            "and its FP8/MXFP4 kernels only with AMX"
+        )
     if args.engines == "auto":
         return f"{NEEDS_CUDA} (--engines on runs it on this CPU, without graphs)"
     return None
