@@ -11,7 +11,8 @@ from dspark_launch.render import NodePlan
 from dspark_launch.runner import Result
 from dspark_launch.shell import Shell
 
-IMAGE_INSTALL_PY = "/opt/dspark/install.py"  # WORKDIR of docker/*.Dockerfile
+IMAGE_ROOT = "/opt/dspark"  # WORKDIR of docker/*.Dockerfile
+IMAGE_INSTALL_PY = f"{IMAGE_ROOT}/install.py"
 JIT_CACHE_VOLUME = "dspark-jit-cache"  # the same named volume as docs/docker.md's manual runs
 
 
@@ -57,6 +58,11 @@ class ContainerRank(Rank):
     @property
     def runtime_hf_home(self) -> str:
         return "/hf"
+
+    @property
+    def project_python(self) -> list[str]:
+        *run, image = self.runtime_python
+        return [*run, "--workdir", IMAGE_ROOT, image]
 
     def image_id(self) -> str | None:
         result = self.shell.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.image])

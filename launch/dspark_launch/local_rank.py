@@ -46,6 +46,10 @@ class LocalRank(Rank):
         return str(self.node.hf_home)
 
     @property
+    def project_python(self) -> list[str]:
+        return ["env", "-C", str(REPO_ROOT), *self.runtime_python]
+
+    @property
     def vllm(self) -> Path:
         return self.venv / "bin" / "vllm"
 

@@ -68,6 +68,12 @@ class Rank(ABC):
     def runtime_hf_home(self) -> str:
         """The node's hf_home as `runtime_python` sees it."""
 
+    @property
+    @abstractmethod
+    def project_python(self) -> list[str]:
+        """`runtime_python` started in the project root (the image's, or this checkout), so
+        that `-m tools.gpu_selftest` runs the project's modules with the serving vLLM."""
+
     @abstractmethod
     def state(self) -> RankState:
         """Whether the rank runs; "absent" when nothing of it is left."""

@@ -71,7 +71,17 @@ class Shell:
         or with `python`, e.g. the image's); return its JSON answer, its last stdout line."""
         source = Path(module_file).read_text()
         argv = [*(python or [self.python]), "-", *args]
-        result = self.run(argv, source, Path(module_file).name, timeout_s)
+        return self.run_json(argv, source, Path(module_file).name, timeout_s)
+
+    def run_json(
+        self,
+        argv: list[str],
+        stdin: str | None = None,
+        stdin_label: str | None = None,
+        timeout_s: float = 120,
+    ) -> dict:
+        """Run a command that answers with one JSON object, its last stdout line."""
+        result = self.run(argv, stdin, stdin_label, timeout_s)
         if self.runner.dry_run:
             return {}
         lines = result.stdout.strip().splitlines()

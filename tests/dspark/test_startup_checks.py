@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import gemma4, qwen3
 from vllm.v1.spec_decode.dspark.checks import (
     check_block_size,
     check_draft_flags,
@@ -160,16 +160,16 @@ def configs(tmp_path_factory, monkeypatch_module) -> dict:
     """vLLM's config for the tiny Qwen3 and Gemma-4 target/draft pairs (nothing is loaded)."""
     monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
     root = tmp_path_factory.mktemp("startup")
-    qwen3 = tiny_models.build_qwen3_target(root / "qwen3")
-    gemma4 = tiny_models.build_gemma4_target(root / "gemma4")
-    spec = tiny_models.Gemma4DraftSpec()
+    qwen3_target = qwen3.build_qwen3_target(root / "qwen3")
+    gemma4_target = gemma4.build_gemma4_target(root / "gemma4")
+    spec = gemma4.Gemma4DraftSpec()
     return {
         "qwen3": engine_config(
-            qwen3,
-            tiny_models.save_dspark_draft(root / "qwen3-draft", tiny_models.DSparkDraftSpec()),
+            qwen3_target,
+            qwen3.save_dspark_draft(root / "qwen3-draft", qwen3.DSparkDraftSpec()),
         ),
         "gemma4": engine_config(
-            gemma4, tiny_models.save_gemma4_draft(root / "gemma4-draft", spec, gemma4)
+            gemma4_target, gemma4.save_gemma4_draft(root / "gemma4-draft", spec, gemma4_target)
         ),
     }
 
@@ -260,14 +260,14 @@ def test_vllm_refuses_adaptive_verification_for_dspark(configs):
 
 
 def v4_config(**changes):
-    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
 
     return DeepSeekV4DSparkConfig.from_hf_config({**TINY_V4_CONFIG, **changes})
 
 
 def test_the_tiny_v4_config_passes_as_a_mapping_and_as_a_pretrained_config():
-    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
 
     config = v4_config()
@@ -315,7 +315,7 @@ def test_the_v4_config_refuses_a_bad_field_in_one_line_naming_it(changes, messag
 
 
 def test_a_missing_v4_field_is_named():
-    from dspark_demo.tiny_v4 import TINY_V4_CONFIG
+    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import (
         DeepSeekV4DSparkConfig,
         DSparkConfigError,

@@ -27,7 +27,7 @@ import pytest
 import torch
 from test_dspark_reference import TOLERANCE, draft_gaps, rms_norm, stacked_k_norm
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import gemma4
 from dspark_demo.engine import (
     EngineUnavailable,
     dspark_config,
@@ -191,7 +191,7 @@ def test_a_tensor_the_draft_has_no_parameter_for_is_refused_by_name(gemma, tmp_p
     starts: tests/dspark/test_startup_checks.py.)"""
     from safetensors.torch import load_file, save_file
 
-    draft = tiny_models.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
+    draft = gemma4.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
     weights = load_file(str(draft / "model.safetensors"))
     weights["layers.0.self_attn.v_proj.weight"] = weights[
         "layers.0.self_attn.k_proj.weight"

@@ -5,10 +5,10 @@
 A ring-context DSpark draft reads, per request, a window of projected target
 positions (the ring) and runs one non-causal forward over a block of query
 tokens. The drafter's bookkeeping (``drafter.py``) is written against this
-contract rather than the DeepSeek-V4 network (``deepseek_v4/backbone.py``, whose
-ring entry is one RoPE'd KV per stage), so that it can be tested with a small
-backbone of its own. Qwen3 and Gemma-4 drafts keep their context in vLLM's
-paged KV cache instead (``paged_proposer.py``) and use no backbone.
+contract, not against the one network that implements it today, DeepSeek-V4's
+(``deepseek_v4/backbone.py``, whose ring entry is one RoPE'd KV per stage).
+Qwen3 and Gemma-4 drafts keep their context in vLLM's paged KV cache instead
+(``paged_proposer.py``) and use no backbone.
 """
 
 from abc import ABC, abstractmethod
