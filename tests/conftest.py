@@ -6,7 +6,8 @@
   The fast tier: ``pytest -m unit``.
 - ``engine``: a real in-process vLLM CPU engine (``tests/engine``, ``tests/engine_v4``, and tests
   elsewhere marked so).
-- ``multiproc``: vLLM in several processes (tensor parallel 2, ``vllm serve``), marked per test.
+- ``multiproc``: vLLM in other processes (tensor parallel 2, ``vllm serve``, its CLI or config
+  checks run in a subprocess), marked per test.
 - ``docker``: the Dockerfiles, the image's scripts and the images themselves (``tests/docker``).
 
 A test gets its folder's tier unless it is marked ``engine``, ``multiproc`` or ``docker`` itself;

@@ -324,3 +324,22 @@ def test_a_missing_v4_field_is_named():
     source = {k: v for k, v in TINY_V4_CONFIG.items() if k != "hc_eps"}
     with pytest.raises(DSparkConfigError, match=r"the checkpoint config has no `hc_eps`"):
         DeepSeekV4DSparkConfig.from_hf_config(source)
+
+
+def test_the_start_up_log_names_the_release(configs):
+    """Two nodes' logs say which dspark-vllm they run (the release install.py records)."""
+    import logging
+
+    from vllm.v1.spec_decode.dspark import __version__
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("vllm.v1.spec_decode.dspark_proposer")
+    logger.addHandler(handler)
+    try:
+        refusal(changed(configs["qwen3"], k=5))
+    finally:
+        logger.removeHandler(handler)
+    messages = [record.getMessage() for record in records]
+    assert f"DSpark {__version__} (dspark-vllm), qwen3 draft." in messages, messages

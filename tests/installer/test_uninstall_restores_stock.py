@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dspark_demo.checkpoints import qwen3
+
+pytestmark = pytest.mark.multiproc  # vLLM validates the config in subprocesses
 
 VALIDATE_DSPARK_CONFIG = """
 import sys

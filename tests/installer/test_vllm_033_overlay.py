@@ -20,6 +20,8 @@ from installer_testlib import CACHE_033, REPO, copy_vllm_tree, run_installer
 from dspark_demo.checkpoints import qwen3
 from installer.errors import ExitCode
 
+pytestmark = pytest.mark.multiproc  # the probe imports vLLM 0.33.0 in a subprocess
+
 
 @pytest.fixture(scope="module")
 def probe(pristine_033: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:

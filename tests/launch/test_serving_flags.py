@@ -80,12 +80,14 @@ def check(config: dict, args: list[str]) -> tuple[int, dict]:
         return 1, {"ok": False, "detail": str(e)}
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_the_spark_profile_is_accepted_for_what_its_checkpoint_ships(tmp_path):
     rc, answer = run_check(tmp_path, CHECKPOINTS["mxfp4"], spark_head_args())
     assert (rc, answer["ok"]) == (0, True), answer
     assert (answer["quantization"], answer["experts"]) == ("deepseek_v4_fp8", "mxfp4")
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_the_previous_spark_backend_is_refused_for_mxfp4(tmp_path):
     rc, answer = run_check(
         tmp_path, CHECKPOINTS["mxfp4"], spark_head_args(moe_backend="flashinfer_b12x")
