@@ -2,7 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The test tiers, marked by folder (pyproject.toml registers them; CONTRIBUTING.md lists them).
 
-- ``unit``: pure logic, files and subprocesses of the installer and launcher; no vLLM engine.
+- ``unit``: pure logic and vLLM's config objects, the installer, the launcher with fakes; no
+  engine, no vLLM subprocess.
   The fast tier: ``pytest -m unit``.
 - ``engine``: a real in-process vLLM CPU engine (``tests/engine``, ``tests/engine_v4``, and tests
   elsewhere marked so).
