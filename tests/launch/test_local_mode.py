@@ -106,6 +106,7 @@ def _tiny_snapshot(hf_home: Path) -> None:
     (repo / "refs" / "main").write_text(TINY_REVISION)
 
 
+@pytest.mark.multiproc  # preflight runs vLLM's flag rules and the self-test with its Python
 def test_rank_that_exits_while_loading_fails_fast_and_is_cleaned_up(tmp_path, cli, reaper):
     fake_snapshot(tmp_path / "hf", TINY_MODEL, TINY_REVISION)
     site = _local_site(tmp_path, _stand_in_venv(tmp_path), health_timeout_s=600)
