@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Side-by-side speed of no speculation, upstream DFlash and DSpark on the real vLLM
 CPU engine, with tiny local models, built to resolve a few percent on a noisy box.
 

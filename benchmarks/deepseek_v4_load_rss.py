@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Peak host memory of loading the DeepSeek-V4 DSpark draft, against its ``mtp.*`` bytes.
 
 Writes the tiny V4 checkpoint (``dspark_demo/checkpoints/deepseek_v4.py``) scaled up by its hidden

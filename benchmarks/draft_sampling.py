@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Greedy against probabilistic DSpark drafts at temperature 1, side by side on the CPU engine.
 
     .venv/bin/python -m benchmarks.draft_sampling [--repeats 3] [--concurrency 4]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Real sizes on the paged draft context: a 131072-token x 256-sequence engine on a 2 GiB
 CPU KV budget decodes as fast as a 2048 x 8 one.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Train a tiny DSpark (or DFlash) draft on the tiny target's own greedy text.
 
 Random drafts are never accepted, so they cannot reveal a wrong position offset or

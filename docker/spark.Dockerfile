@@ -70,6 +70,7 @@ ENV DSPARK_HOST=0.0.0.0 \
 WORKDIR /opt/dspark
 COPY install.py ./
 COPY installer/ installer/
+COPY dspark_common/ dspark_common/
 COPY recipe/pins.yaml recipe/
 COPY overlay/ overlay/
 COPY patches/ patches/

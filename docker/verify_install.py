@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Prove that install.py left a complete DSpark install in a vLLM tree: the last step of
 docker/install-and-verify.sh, and so of every image build.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What every tiny checkpoint shares: the word-level tokenizer, the sizes of the Qwen3 and Gemma-4
 families, and norm weights that look trained.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A tiny DeepSeek-V4 target whose checkpoint carries its DSpark draft as ``mtp.*``.
 
 Config keys and tensor names are those DeepSeek-V4-Flash ships (the config starts from the

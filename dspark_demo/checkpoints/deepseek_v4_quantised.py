@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny V4 checkpoint quantised as DeepSeek-V4-Flash ships, and its dequantised bf16 twin.
 
 V4-Flash's ``quantization_config`` (``fp8``, ``e4m3``, ``ue8m0`` scales, 128x128 blocks) and

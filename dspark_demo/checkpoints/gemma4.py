@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tiny Gemma-4 checkpoints: a text-only ``Gemma4ForCausalLM`` target in the release config's keys
 and DeepSpec Gemma-4 DSpark drafts, plus a Qwen3-architecture DFlash draft on the same taps (vLLM
 has no Gemma-4 DFlash class) for side-by-side runs.

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tiny Qwen3 checkpoints: a Qwen3 target and DeepSpec-format Qwen3 DSpark drafts (and DFlash
 drafts) whose weights the tests and the demo can shape (random, oracle, or trained).
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The launcher's commands: preflight, start, stop, status, logs.
 
 Order of `start`: refuse if ranks already exist, check both nodes, ship each rank's env file,
@@ -11,12 +13,15 @@ import json
 import time
 
 from dspark_launch import serving_flags
+from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
-from dspark_launch.nodes import ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.local_rank import LocalRank
+from dspark_launch.nodes import Rank
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
+from dspark_launch.shell import Shell
 from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures that start real local vLLM OpenAI servers on tiny CPU models."""
 
 from __future__ import annotations

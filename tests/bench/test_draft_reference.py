@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The plain-torch block draft keeps vLLM's conventions: taps, masks, positions."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A small reader of the project's Dockerfiles, enough to check what they pin, set and copy."""
 
 import os

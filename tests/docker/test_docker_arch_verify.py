@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The images' architecture proof (`docker/verify_install.py --architectures`), run as each
 Dockerfile runs it: with the Dockerfile's own targets and arch-list ENV, against listings made
 from the vLLM 0.33.0 wheel's real RECORD (the CPU environment has no CUDA binaries) and against

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The images, built for real from the unmodified Dockerfiles and run: a container serves DSpark.
 
 The base is the CPU stand-in for the official vLLM image (tests/docker/standin.py), so both

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Per-request draft lengths shrink the target's verify batch in vLLM's V1 engine (sync scheduling).
 
 Custom proposers choose a different number of drafts per request, either by returning shorter

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DSpark proposer's settings from vLLM's real SpeculativeConfig: typed fields, cross-field
 rules, and upstream fields refused by name. Start-up through the engine is covered by
 tests/engine/test_dspark_speculative_fields.py; async scheduling never runs on vLLM's CPU build,
@@ -16,12 +18,12 @@ from pydantic import ValidationError
 from dspark_demo.checkpoints import qwen3
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.spec_decode.dspark.options import (
+from vllm.v1.spec_decode.dspark.checks import (
     DEEPSEEK_V4_UNSUPPORTED,
     OTHER_METHODS_FIELDS,
     RING_PROPOSER_UNSUPPORTED,
-    DSparkOptions,
 )
+from vllm.v1.spec_decode.dspark.options import DSparkOptions
 
 
 @pytest.fixture(scope="module")

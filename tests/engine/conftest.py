@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures for real vLLM CPU engines over tiny local models (see dspark_demo/engine.py).
 
 The engine environment must be set before vllm is imported anywhere in the session.

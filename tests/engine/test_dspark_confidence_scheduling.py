@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Confidence-scheduled verification with the real DSpark proposer and engine.
 
 Two confidence heads whose lengths are known in advance: a constant one (zero weight, bias b:
@@ -14,8 +16,6 @@ import torch
 
 from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
-
-pytestmark = pytest.mark.engine
 
 K = 4
 CONFIDENCE = 0.5  # sigmoid(0)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Drafts in the engine equal DeepSpec's draft forward, recomputed from scratch.
 
 The reference below follows DeepSpec's own modeling code for its Qwen3 drafts
@@ -10,6 +12,11 @@ block are projected by that layer's ``k_proj`` and normalised by **that layer's*
 the whole context and the whole block. Target features come from Hugging
 Face's Qwen3 (the residual stream after each tapped layer). Every logged draft
 block is recomputed from the whole context before its anchor.
+
+``benchmarks/draft_reference.py`` holds a second plain-torch Qwen3 draft on purpose: a
+trainable float32 module written from vLLM's conventions, to train and score drafts in batches.
+This one is derived independently, from DeepSpec's code, so that a convention both got wrong
+would not go unseen.
 
 Draft tokens are argmaxes, so a draft token is accepted when its reference
 logit is within ``TOLERANCE`` of the best (float32 engine vs float64
@@ -30,8 +37,6 @@ import torch
 
 from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
-
-pytestmark = pytest.mark.engine
 
 K = 4
 # float32 logits of magnitude ~1 carry ~1e-6 error; 1e-4 leaves a wide margin

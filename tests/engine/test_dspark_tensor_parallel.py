@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tensor parallelism (TP = 2, two CPU worker processes) on the paged Qwen3 DSpark path.
 
 Every rank runs the draft and the confidence scheduler; only rank 0's drafts and lengths reach
@@ -12,7 +14,7 @@ import pytest
 from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import draft_steps, dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc
 
 K = 4
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w7 w8 w9 w10"]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny test checkpoints look trained: several layers, and norm weights that
 are neither one nor copies of another layer's.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures for the real vLLM CPU engine serving a tiny DeepSeek-V4 target with its ``mtp.*`` draft.
 
 Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tests can change the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The torch stand-ins for vLLM's CPU FP8 block-scaled linear and MXFP4 MoE (``quant_standins.py``):
 each computes what a plain loop computes, a wrong scale layout, e8m0 bias or nibble order is
 caught, and vLLM's own kernel choice picks them only on a CPU without AMX tiles."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The strict loader of the DeepSeek-V4 DSpark draft built from vLLM's modules."""
 
 import pytest

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The install leaves other speculative methods alone: upstream DFlash and ngram give the
 same greedy tokens with DSpark installed as on stock vLLM (the tree after --uninstall)."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """After --uninstall, vLLM is stock again: its V1 runner refuses method "dspark",
 which the installed environment accepts (the refusal is what the patches lift)."""
 
@@ -6,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dspark_demo.checkpoints import qwen3
+
+pytestmark = pytest.mark.multiproc  # vLLM validates the config in subprocesses
 
 VALIDATE_DSPARK_CONFIG = """
 import sys

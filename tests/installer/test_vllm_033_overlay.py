@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM 0.33.0, the version the images ship: install into a copy of its sources, then import
 every overlay module from that tree and build the DSpark config path (EngineArgs -> VllmConfig
 -> the DSpark proposer) against it, in a subprocess with the environment's CPU torch.
@@ -17,6 +19,8 @@ from installer_testlib import CACHE_033, REPO, copy_vllm_tree, run_installer
 
 from dspark_demo.checkpoints import qwen3
 from installer.errors import ExitCode
+
+pytestmark = pytest.mark.multiproc  # the probe imports vLLM 0.33.0 in a subprocess
 
 
 @pytest.fixture(scope="module")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Preflight's checks before any weights load: the serving flags against vLLM's rules for the
 pinned snapshot's config.json (head), and the GPU self-test in the image on both nodes, each
 node's verdict printed; `start --skip-selftest` skips only the latter."""
@@ -8,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from launch_testlib import FAKE_REVISION, FakeCluster, write_profile
 
@@ -70,6 +73,7 @@ def test_a_failed_selftest_stops_start_before_any_rank(fake_cluster, cli):
     assert fake_cluster.docker_runs() == ["worker", "head"]
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_serving_flags_vllm_refuses_stop_preflight_with_its_message(fake_cluster, cli, monkeypatch):
     """The real check, run by the fake image with this environment's vLLM, on a config.json
     of MXFP4 experts: the NVFP4-only backend is refused, marlin is accepted."""

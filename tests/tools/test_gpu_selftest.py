@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """`python -m tools.gpu_selftest` on this CPU host, as CI and the launcher run it, so it cannot rot:
 the CUDA checks say "skipped: needs CUDA", the CPU-meaningful ones run (the Qwen3 engine check on
 the CPU engine with `--engines on`), and each of those fails when what it checks is broken
@@ -53,6 +55,7 @@ def by_name(report: dict) -> dict[str, dict]:
     return {check["name"]: check for check in report["checks"]}
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     checks = by_name(report)
     assert report["returncode"] == 0 and report["ok"], report["verdict"]
@@ -66,6 +69,7 @@ def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     assert all(check["needs"] for check in report["checks"])
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_the_qwen3_engine_check_ran_the_cpu_engine_losslessly(report):
     """The real engines, plain and DSpark, on the tiny Qwen3 pair; no graphs on a CPU, and the
     capture plan printed through the graphs adapter says so."""
@@ -77,6 +81,7 @@ def test_the_qwen3_engine_check_ran_the_cpu_engine_losslessly(report):
     assert set(engine["facts"]["graphs"].values()) == {0}
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_rms_norm_reports_the_cpu_kernel_contract_as_a_fact(report):
     check = by_name(report)["rms_norm"]
     assert check["status"] == "passed"
@@ -85,6 +90,7 @@ def test_rms_norm_reports_the_cpu_kernel_contract_as_a_fact(report):
     )
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_draft_state_bytes_at_the_spark_profile_sizes(report):
     state = by_name(report)["draft_state"]
     # (6 + 1 slots) x 128 entries + 1 dump entry, each 3 x 512 bf16 values + two int64.

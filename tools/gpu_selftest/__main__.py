@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """GPU self-test of a DSpark vLLM install: what the CPU test suite cannot prove, in one command.
 
 Run it from the project root with the Python of the vLLM that serves: `python -m tools.gpu_selftest`

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Which GPU architectures the install's binaries carry code for, and whether the device (or an
 image's targets) can run them.
 

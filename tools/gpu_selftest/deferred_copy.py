@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Host-to-device copies consumed one step later: right from a fresh pinned tensor per step (what
 the ring proposer uploads slots from), with one reused pinned tensor as the control that shows
 the copies really ran late on this device."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The engine checks' only door into the DSpark draft CUDA graphs (`DraftGraphs` and the checks
 that ship beside it): where those live or what they are called changes here and nowhere else."""
 

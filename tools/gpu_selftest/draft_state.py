@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DeepSeek-V4 ring's bytes at the serving profile's `max_num_seqs`, allocated on the device
 and compared with the count from its geometry."""
 

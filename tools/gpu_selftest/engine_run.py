@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """One tiny engine of the engine checks, in a process of its own (a CUDA error or a crash stays in
 it): `python -m tools.gpu_selftest.engine_run SPEC_JSON`.
 

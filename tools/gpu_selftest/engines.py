@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Real engines on tiny local checkpoints built here (no download), with and without DSpark, for
 the lane the self-test runs for: V1 (this project's proposers) or V2 (upstream's DSpark on Model
 Runner V2).

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Count the CUDA graphs a real engine captures and replays, and whose they are: the drafter's or
 the target's.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What every check returns, and the few facts about this host the checks share."""
 
 from __future__ import annotations

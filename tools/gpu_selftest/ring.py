@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DSpark's context-ring step on random ragged batches: on CUDA under
 `torch.cuda.set_sync_debug_mode("error")` against the CPU ring (no host sync allowed), on a CPU
 host the CPU ring against a plain-loop reference."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM's `ops.rms_norm` with a stacked `[L, head_dim]` weight, the one fused call with which
 upstream's Qwen3 DFlash draft (and so DSpark's Qwen3 drafts) normalise every layer's context keys,
 each with its own layer's `k_norm` weight. The project's `qwen3-dflash.patch` loops per layer off
