@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """See DSpark work on a CPU: a tiny target and draft, vLLM with and without DSpark.
 
     python -m dspark_demo [--pair bigram|oracle|random] [--k 4] [--save DIR] [--verbose]
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dspark_demo import quiet, tiny_models
+from dspark_demo import quiet
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.saved_pair import add_chat_template, serve_command
 
 if TYPE_CHECKING:
@@ -52,18 +55,18 @@ WIDTH = 92
 
 def build_pair(pair: str, root: Path) -> tuple[Path, Path]:
     """A target and a draft written in DeepSpec's layout."""
-    spec = tiny_models.DSparkDraftSpec()
+    spec = qwen3.DSparkDraftSpec()
     if pair == "bigram":
-        target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-        spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-        weights = tiny_models.bigram_dspark_weights(spec, target)
+        target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+        spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+        weights = qwen3.bigram_dspark_weights(spec, target)
     elif pair == "oracle":
-        target = tiny_models.build_qwen3_target(root / "target", kind="zero-lm-head")
-        weights = tiny_models.oracle_dspark_weights(spec)
+        target = qwen3.build_qwen3_target(root / "target", kind="zero-lm-head")
+        weights = qwen3.oracle_dspark_weights(spec)
     else:
-        target = tiny_models.build_qwen3_target(root / "target")
-        weights = tiny_models.random_dspark_weights(spec)
-    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights, target)
+        target = qwen3.build_qwen3_target(root / "target")
+        weights = qwen3.random_dspark_weights(spec)
+    return target, qwen3.save_dspark_draft(root / "draft", spec, weights, target)
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--repeats must be at least 1")
     if args.max_tokens < 1:
         parser.error("--max-tokens must be at least 1")
-    if not 1 <= args.k <= tiny_models.DSparkDraftSpec().block_size:
+    if not 1 <= args.k <= qwen3.DSparkDraftSpec().block_size:
         parser.error("--k must be between 1 and the tiny draft's block size (4)")
     if args.save is not None and args.save.exists() and any(args.save.iterdir()):
         parser.error(f"--save {args.save}: the directory is not empty; name a new one")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Keep vLLM's logs off the terminal: everything written to stdout and stderr, by Python, C++
 extensions or child processes, goes to a log file while the block runs."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The demo's tiny pair kept on disk (``--save DIR``), ready for ``vllm serve`` and for the
 launcher's local mode."""
 

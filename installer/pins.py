@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """recipe/pins.yaml: the vLLM versions the installer supports and the hashes it may patch.
 
 The file is edited by `tools/refresh_pins.py`; validation here is strict so that a hand edit that
@@ -7,12 +9,15 @@ breaks it fails before any tree is touched.
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from dspark_common.safe_yaml import YamlError, load_mapping
 from installer.errors import BadTarget, InstallerError, Refused
-from installer.safe_yaml import YamlError, load_mapping
+
+_T = TypeVar("_T", list, dict)
 
 PINS_FILE = Path("recipe") / "pins.yaml"
 SCHEMA = 1
@@ -168,7 +173,7 @@ def _parse_patch(entry: object, version: str, project: Path) -> PatchPin:
     )
 
 
-def _typed(document: dict, key: str, kind: type, where: str) -> list | dict:
+def _typed(document: dict, key: str, kind: type[_T], where: str) -> _T:
     """`document[key]` (None: empty) when it is a `kind`; a TypeError naming it otherwise."""
     value = document[key]
     if value is None:

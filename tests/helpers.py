@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Helpers shared by the test folders (imported as ``tests.helpers``)."""
 
 from __future__ import annotations

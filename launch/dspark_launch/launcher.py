@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The launcher's commands: preflight, start, stop, status, logs.
 
 Order of `start`: refuse if ranks already exist, check both nodes, ship each rank's env file,
@@ -11,17 +13,21 @@ import json
 import time
 
 from dspark_launch import serving_flags
+from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
-from dspark_launch.nodes import REPO_ROOT, ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.local_rank import LocalRank
+from dspark_launch.nodes import Rank
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
+from dspark_launch.shell import Shell
 from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40
-SELFTEST = REPO_ROOT / "tools" / "gpu_selftest.py"
-SELFTEST_TIMEOUT_S = 900
+SELFTEST_MODULE = "tools.gpu_selftest"
+# Its engine checks start real engines on CUDA (each up to 600 s); not measured on a GPU.
+SELFTEST_TIMEOUT_S = 1800
 
 
 class Launcher:
@@ -132,13 +138,16 @@ class Launcher:
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
 
     def _run_selftest(self) -> None:
-        """tools/gpu_selftest.py in each rank's runtime; every node's verdict is printed."""
+        """`python -m tools.gpu_selftest` in each rank's runtime, for the profile's lane (V2 when
+        its env selects Model Runner V2); every node's verdict is printed."""
         self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
+        lane = "v2" if self.profile.env.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
+        args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs), "--runner", lane]
         failed = []
         for role, rank in self.ranks.items():
-            args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
-            report = rank.shell.run_script(
-                SELFTEST, args, rank.runtime_python, timeout_s=SELFTEST_TIMEOUT_S
+            report = rank.shell.run_json(
+                [*rank.project_python, "-m", SELFTEST_MODULE, *args],
+                timeout_s=SELFTEST_TIMEOUT_S,
             )
             if self.runner.dry_run:
                 continue

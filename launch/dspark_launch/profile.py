@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Serving profiles (`recipe/profiles/*.yaml`): what to serve and how, identical on every rank.
 
 Values that must agree across ranks (model, revision, parallelism, speculative config) live only
@@ -10,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_common.safe_yaml import cut, shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.schema import Section, read_yaml
-from installer.safe_yaml import cut, shown
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "recipe" / "profiles"
 SPECULATIVE_METHODS = ("dspark", "none")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Render what each rank runs: the `vllm serve` arguments and the environment file.
 
 Both ranks are rendered from the same profile by the same function, so everything that must

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The site file: everything that differs per cluster (hosts, NICs, ports, paths, secrets).
 
 Validated completely before any command runs. Secrets are read into memory here and leave the
@@ -11,11 +13,11 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_common.safe_yaml import shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
 from dspark_launch.profile import Profile
 from dspark_launch.schema import Section, is_one_line, read_yaml
-from installer.safe_yaml import shown
 
 MODES = ("docker", "local")
 HEAD, WORKER = "head", "worker"

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The commands of README.md and docs/dgx-spark.md that a CPU box can run do run, as written.
 
 A fenced ``bash`` block is marked runnable by the line before its fence: ``<!-- cpu -->``, or
@@ -91,6 +93,7 @@ def test_blocks_and_dry_runs_are_read_as_documented():
     ]
 
 
+@pytest.mark.multiproc  # the commands import and run vLLM
 @pytest.mark.parametrize("doc", DOCS)
 def test_the_cpu_runnable_commands_run(doc, tmp_path):
     blocks = runnable_blocks((REPO / doc).read_text())

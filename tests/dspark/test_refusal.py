@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The refusal note a worker leaves for the frontend (pure: files only; the engine tests in
 tests/engine/test_refusal_last_line.py show it reaching the last line)."""
 

@@ -1,13 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """``dspark_draft_log`` never takes a server down: a write that fails mid-serve turns the log
 off with one warning, and the requests after it are served, losslessly, with drafts."""
 
 import logging
 
-import pytest
-
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
-
-pytestmark = pytest.mark.engine
 
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w42 w7 w8"]
 MAX_TOKENS = 24

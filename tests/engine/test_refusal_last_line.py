@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A DSpark refusal is the last line a failed start-up prints, for an offline ``LLM`` and for
 ``vllm serve``, both in vLLM's default multiprocess mode: the worker that refuses is two
 processes away from the frontend, whose own error ("See root cause above") used to be last.
@@ -14,7 +16,7 @@ import pytest
 from dspark_demo.engine import ENGINE_ENV
 from tests.helpers import free_port
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc  # engines and `vllm serve` in subprocesses
 
 OFFLINE = """
 import sys

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every bad input is refused with a clear message, no traceback, its documented exit code, and
 a tree that is byte-identical afterwards (bytecode caches included: nothing is written)."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM 0.33.0, the version the images ship: install into a copy of its sources, then import
 every overlay module from that tree and build the DSpark config path (EngineArgs -> VllmConfig
 -> the DSpark proposer) against it, in a subprocess with the environment's CPU torch.
@@ -15,8 +17,10 @@ import pytest
 import yaml
 from installer_testlib import CACHE_033, REPO, copy_vllm_tree, run_installer
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from installer.errors import ExitCode
+
+pytestmark = pytest.mark.multiproc  # the probe imports vLLM 0.33.0 in a subprocess
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +29,10 @@ def probe(pristine_033: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tree = copy_vllm_tree(pristine_033, root / "site")
     installed = run_installer(REPO, "--vllm-path", str(tree))
     assert installed.returncode == ExitCode.OK, installed.stderr
-    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    draft = tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
+    spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+    target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+    draft = qwen3.save_dspark_draft(
+        root / "draft", spec, qwen3.bigram_dspark_weights(spec, target), target
     )
     env = {
         **os.environ,

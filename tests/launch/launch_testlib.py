@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Helpers for the launcher tests: site/profile writers, the CLI runner, recording fakes."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Rendered commands of both nodes, as `--dry-run` prints them, against golden files.
 
 Regenerate after an intended change with DSPARK_UPDATE_GOLDEN=1 and review the diff.

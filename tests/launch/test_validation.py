@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every site-file and profile rule: exit status 2, the offending key named, nothing run."""
 
 from __future__ import annotations

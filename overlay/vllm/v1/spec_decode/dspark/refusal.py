@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A DSpark refusal as the last thing a failed start-up prints.
 
 vLLM's multiprocess start-up drops a worker's exception on the way out: the engine core reports

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """``python -m dspark_demo`` as a newcomer runs it: vLLM's logs kept off the terminal, outputs
 as text, the pair and its measures explained, a speed line that says why it is not faster, the
 pair kept for serving (``--save``, with a chat template), and one line, at once, when DSpark is
@@ -12,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from dspark_demo.saved_pair import CHAT_TEMPLATE
-
-pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[2]
 PRISTINE_033 = REPO / ".cache" / "vllm-0.33.0"
@@ -31,6 +31,7 @@ def demo(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.multiproc  # the demo's engines, in a subprocess
 def test_the_oracle_pair_explains_itself_and_is_kept_for_serving(tmp_path):
     saved = tmp_path / "pair"
     result = demo("--pair", "oracle", "--repeats", "1", "--max-tokens", "16", "--save", str(saved))
