@@ -13,6 +13,7 @@ import time
 from dspark_launch import serving_flags
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
+from dspark_launch.lanes import V1, runner_args
 from dspark_launch.nodes import REPO_ROOT, ContainerRank, LocalRank, Rank, Shell
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
@@ -90,9 +91,11 @@ class Launcher:
             )
 
     def _check_install(self) -> None:
-        """Both ranks must run identically patched vLLM; DSpark needs the patch installed."""
-        required = self.profile.speculative.method == "dspark"
+        """Both ranks must run identically patched vLLM; DSpark on the V1 lane needs the patch
+        installed (the V2 lane is upstream's DSpark, which needs no install)."""
+        required = self.profile.speculative.method == "dspark" and self.site.lane == V1
         self._step("install.py --status on both nodes" + ("" if required else " (informational)"))
+        fine = "fine for speculative: none" if self.site.lane == V1 else "the V2 lane needs none"
         statuses = {}
         for role, rank in self.ranks.items():
             result = rank.install_status()
@@ -109,7 +112,7 @@ class Launcher:
                 )
                 if required:
                     raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
-                self.runner.say(f"    note: {message}; fine for speculative: none")
+                self.runner.say(f"    note: {message}; {fine}")
         digests = {role: status.get("digest") for role, status in statuses.items()}
         if digests and digests[HEAD] != digests[WORKER]:
             raise LaunchError(
@@ -136,7 +139,12 @@ class Launcher:
         self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
         failed = []
         for role, rank in self.ranks.items():
-            args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
+            args = [
+                "--json",
+                "--max-num-seqs",
+                str(self.profile.max_num_seqs),
+                *runner_args(self.site.lane),
+            ]
             report = rank.shell.run_script(
                 SELFTEST, args, rank.runtime_python, timeout_s=SELFTEST_TIMEOUT_S
             )

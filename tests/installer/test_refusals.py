@@ -21,6 +21,7 @@ from installer_testlib import (
 from installer.errors import ExitCode
 from installer.hashing import sha256_hex
 from installer.state import JOURNAL
+from installer.vllm_tree import V1_RUNNER
 from tests.helpers import replace_file
 
 # The machinery is version-independent; test_install_cycle covers both versions.
@@ -59,7 +60,34 @@ def test_unsupported_version(project: GeneratedProject, tree: Path):
     before = snapshot(tree)
     for mode in ((), ("--status",), ("--dry-run",)):
         result = project.install(tree, *mode)
-        assert_refused(result, ExitCode.REFUSED, "vLLM 0.31.0 is not supported", "pins vLLM 0.32.0")
+        assert_refused(
+            result,
+            ExitCode.REFUSED,
+            "vLLM 0.31.0 is not supported",
+            "pins vLLM 0.32.0",
+            "V1 lane is unavailable on 0.31.0",
+            "the V2 lane",
+            "needs no install",
+        )
+        assert len(result.stderr.splitlines()) == 1
+    assert snapshot(tree) == before
+
+
+def test_a_vllm_without_the_v1_runner(project: GeneratedProject, tree: Path):
+    """A release that has dropped Model Runner V1: only the V2 lane runs there."""
+    set_version(tree, "vllm", "0.40.0")
+    (tree / V1_RUNNER).unlink()
+    before = snapshot(tree)
+    for mode in ((), ("--status",), ("--status", "--json"), ("--dry-run",)):
+        result = project.install(tree, *mode)
+        assert_refused(
+            result,
+            ExitCode.REFUSED,
+            "vLLM 0.40.0 has no V1 model runner",
+            "V1 lane is unavailable there",
+            "VLLM_USE_V2_MODEL_RUNNER=1) needs no install",
+        )
+        assert len(result.stderr.splitlines()) == 1
     assert snapshot(tree) == before
 
 
