@@ -40,7 +40,7 @@ def adaptive_verification_problem(compute_capabilities: Iterable[str]) -> str | 
     refused = [cc for cc in capabilities if int(cc.split(".")[0]) != ADAPTIVE_VERIFICATION_MAJOR]
     if refused:
         return (
-            f"vLLM verifies adaptively on compute capability 10.x (B200, B300) only, not on "
-            f"{', '.join(refused)}; set it to false"
+            f"of the images' targets, vLLM 0.33.0 verifies adaptively on compute capability "
+            f"10.x (B200, B300) only, not on {', '.join(refused)}; set it to false"
         )
     return None

@@ -76,7 +76,6 @@ MANAGED_ENV = (
 class Lane:
     """What a lane adds to the profile; every other value is the same in both lanes."""
 
-    name: str
     adaptive_verification: bool = False  # V2 only: vLLM trims each step's drafts on device
 
 
@@ -125,7 +124,7 @@ class Profile:
     start_order: str
     serve_args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
-    lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane(V1)})
+    lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane()})
     compute_capability: tuple[str, ...] = ()
 
     @property
@@ -271,4 +270,4 @@ def _lanes(
         if problem:
             raise settings.error("adaptive_verification", problem)
     settings.finish()
-    return {name: Lane(name, adaptive and name == V2) for name in names}
+    return {name: Lane(adaptive and name == V2) for name in names}

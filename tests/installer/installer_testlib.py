@@ -114,6 +114,18 @@ def _file_hash(path: Path) -> str:
     return _hash_cache[key]
 
 
+def tiny_dspark_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny Qwen3 target and its DeepSpec-layout DSpark draft (block 4), under `root`."""
+    from dspark_demo import tiny_models
+
+    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
+    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
+    draft = tiny_models.save_dspark_draft(
+        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
+    )
+    return target, draft
+
+
 def run_installer(
     project: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

@@ -6,17 +6,16 @@ Each version's pristine tree and an installed copy of it run `v2_lane_probe.py` 
 subprocesses (side by side) with the environment's CPU torch; vLLM's V2 runner itself needs
 CUDA and Triton, so the probe stops before it (docs/lanes.md)."""
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import REPO, copy_vllm_tree, run_installer
+from installer_testlib import REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
-from dspark_demo import tiny_models
 from installer.errors import ExitCode
+from tests.helpers import probe_report, start_probe
 
 PROBE = Path(__file__).with_name("v2_lane_probe.py")
 # Fields the installed SpeculativeConfig adds (the V1 proposer's options); V2 refuses them.
@@ -27,7 +26,7 @@ V1_ONLY_FIELDS = {
 }
 
 
-def start_probe(tree: Path, root: Path, target: Path, draft: Path) -> subprocess.Popen:
+def start_v2_probe(tree: Path, root: Path, target: Path, draft: Path) -> subprocess.Popen:
     env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
@@ -36,16 +35,7 @@ def start_probe(tree: Path, root: Path, target: Path, draft: Path) -> subprocess
         "VLLM_USE_V2_MODEL_RUNNER": "1",
     }
     command = [sys.executable, str(PROBE), str(tree), str(REPO), str(target), str(draft)]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root
-    )
-
-
-def finish_probe(process: subprocess.Popen) -> dict:
-    stdout, stderr = process.communicate(timeout=900)
-    lines = [line for line in stdout.splitlines() if line.startswith("PROBE ")]
-    assert process.returncode == 0 and lines, stderr[-3000:]
-    return json.loads(lines[-1].removeprefix("PROBE "))
+    return start_probe(command, env, root)
 
 
 @pytest.fixture(
@@ -60,16 +50,12 @@ def probes(request, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]
     installed = copy_vllm_tree(pristine, root / "installed" / "site")
     result = run_installer(REPO, "--vllm-path", str(installed))
     assert result.returncode == ExitCode.OK, result.stderr
-    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    draft = tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
-    )
+    target, draft = tiny_dspark_pair(root)
     running = {}
     for name, tree in (("stock", pristine), ("installed", installed)):
         (root / name).mkdir(exist_ok=True)
-        running[name] = start_probe(tree, root / name, target, draft)
-    reports = {name: finish_probe(process) for name, process in running.items()}
+        running[name] = start_v2_probe(tree, root / name, target, draft)
+    reports = {name: probe_report(process) for name, process in running.items()}
     for name, tree in (("stock", pristine), ("installed", installed)):
         assert reports[name]["vllm"] == version
         assert reports[name]["vllm_file"] == str(tree / "vllm" / "__init__.py")

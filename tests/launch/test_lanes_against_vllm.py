@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from dspark_launch.lanes import RUNNER_ENV, adaptive_verification_problem
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.render import plan_node
 from dspark_launch.site import load_site
+from tests.helpers import probe_report, start_probe
 
 TREE_033 = REPO / ".cache" / "vllm-0.33.0"
 PROBE = Path(__file__).with_name("lanes_vllm_probe.py")
@@ -56,17 +56,8 @@ def spark_v2(tmp_path_factory: pytest.TempPathFactory) -> dict:
         # the rank's own environment, less what names the node
         **{key: plan.env[key] for key in (RUNNER_ENV, *profile.env)},
     }
-    result = subprocess.run(
-        [sys.executable, str(PROBE), str(TREE_033), str(root / "args.json"), *CAPABILITIES],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=root,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
-    assert result.returncode == 0 and lines, result.stderr[-3000:]
-    return {"profile": profile, **json.loads(lines[-1].removeprefix("PROBE "))}
+    command = [sys.executable, str(PROBE), str(TREE_033), str(root / "args.json"), *CAPABILITIES]
+    return {"profile": profile, **probe_report(start_probe(command, env, root))}
 
 
 def test_vllm_builds_a_v2_config_from_the_v2_lanes_arguments(spark_v2):

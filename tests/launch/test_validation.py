@@ -232,8 +232,8 @@ PROFILE_RULES = [
     (ADAPTIVE_DSPARK, "v2_lane.adaptive_verification: needs compute_capability"),
     (
         {**ADAPTIVE_DSPARK, "compute_capability": ["10.0", "12.1"]},
-        "v2_lane.adaptive_verification: vLLM verifies adaptively on compute capability 10.x "
-        "(B200, B300) only, not on 12.1; set it to false",
+        "v2_lane.adaptive_verification: of the images' targets, vLLM 0.33.0 verifies "
+        "adaptively on compute capability 10.x (B200, B300) only, not on 12.1; set it to false",
     ),
     ({"v2_lane": {"adaptive_verifcation": True}}, "v2_lane.adaptive_verifcation: unknown key"),
 ]
