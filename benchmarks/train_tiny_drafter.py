@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap, TorchBlockDraft
-from dspark_demo.tiny_models import (
+from dspark_demo.checkpoints.qwen3 import (
     HEAD_DIM,
     NOISE_TOKEN_ID,
     NUM_HEADS,

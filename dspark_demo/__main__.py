@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3 as tiny_models
 from dspark_demo.engine import EngineRun, TinyEngine, dspark_config
 
 PAIRS = {

@@ -26,10 +26,9 @@ def runner_env(lane: str) -> dict[str, str]:
     return {RUNNER_ENV: "1" if lane == V2 else "0"}
 
 
-def runner_args(lane: str) -> tuple[str, ...]:
-    """What tells preflight's dry start and GPU self-test which lane to check (the V1 lane
-    is their default)."""
-    return () if lane == V1 else ("--runner", lane)
+def runner_args(lane: str) -> list[str]:
+    """What tells preflight's dry start and GPU self-test which lane to check."""
+    return ["--runner", lane]
 
 
 def adaptive_verification_problem(compute_capabilities: Iterable[str]) -> str | None:

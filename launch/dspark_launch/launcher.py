@@ -14,15 +14,16 @@ from dspark_launch import serving_flags
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
 from dspark_launch.lanes import V1, runner_args
-from dspark_launch.nodes import REPO_ROOT, ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.nodes import ContainerRank, LocalRank, Rank, Shell
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
 from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40
-SELFTEST = REPO_ROOT / "tools" / "gpu_selftest.py"
-SELFTEST_TIMEOUT_S = 900
+SELFTEST_MODULE = "tools.gpu_selftest"
+# Its engine checks start real engines on CUDA (each up to 600 s); not measured on a GPU.
+SELFTEST_TIMEOUT_S = 1800
 
 
 class Launcher:
@@ -135,18 +136,16 @@ class Launcher:
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
 
     def _run_selftest(self) -> None:
-        """tools/gpu_selftest.py in each rank's runtime; every node's verdict is printed."""
+        """`python -m tools.gpu_selftest` in each rank's runtime, for the site file's lane;
+        every node's verdict is printed."""
         self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
+        args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
+        args += runner_args(self.site.lane)
         failed = []
         for role, rank in self.ranks.items():
-            args = [
-                "--json",
-                "--max-num-seqs",
-                str(self.profile.max_num_seqs),
-                *runner_args(self.site.lane),
-            ]
-            report = rank.shell.run_script(
-                SELFTEST, args, rank.runtime_python, timeout_s=SELFTEST_TIMEOUT_S
+            report = rank.shell.run_json(
+                [*rank.project_python, "-m", SELFTEST_MODULE, *args],
+                timeout_s=SELFTEST_TIMEOUT_S,
             )
             if self.runner.dry_run:
                 continue

@@ -30,7 +30,8 @@ from dspark_launch.runner import Result, Runner
 from dspark_launch.site import Node
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-IMAGE_INSTALL_PY = "/opt/dspark/install.py"  # WORKDIR of docker/*.Dockerfile
+IMAGE_ROOT = "/opt/dspark"  # WORKDIR of docker/*.Dockerfile
+IMAGE_INSTALL_PY = f"{IMAGE_ROOT}/install.py"
 STOP_GRACE_S = 30
 JIT_CACHE_VOLUME = "dspark-jit-cache"  # the same named volume as docs/docker.md's manual runs
 SSH_UNREACHABLE = 255
@@ -100,7 +101,17 @@ class Shell:
         or with `python`, e.g. the image's); return its JSON answer, its last stdout line."""
         source = Path(module_file).read_text()
         argv = [*(python or [self.python]), "-", *args]
-        result = self.run(argv, source, Path(module_file).name, timeout_s)
+        return self.run_json(argv, source, Path(module_file).name, timeout_s)
+
+    def run_json(
+        self,
+        argv: list[str],
+        stdin: str | None = None,
+        stdin_label: str | None = None,
+        timeout_s: float = 120,
+    ) -> dict:
+        """Run a command that answers with one JSON object, its last stdout line."""
+        result = self.run(argv, stdin, stdin_label, timeout_s)
         if self.runner.dry_run:
             return {}
         lines = result.stdout.strip().splitlines()
@@ -215,6 +226,12 @@ class Rank(ABC):
     def runtime_hf_home(self) -> str:
         """The node's hf_home as `runtime_python` sees it."""
 
+    @property
+    @abstractmethod
+    def project_python(self) -> list[str]:
+        """`runtime_python` started in the project root (the image's, or this checkout), so
+        that `-m tools.gpu_selftest` runs the project's modules with the serving vLLM."""
+
     @abstractmethod
     def state(self) -> RankState:
         """Whether the rank runs; "absent" when nothing of it is left."""
@@ -253,6 +270,10 @@ class LocalRank(Rank):
     @property
     def runtime_hf_home(self) -> str:
         return str(self.node.hf_home)
+
+    @property
+    def project_python(self) -> list[str]:
+        return ["env", "-C", str(REPO_ROOT), *self.runtime_python]
 
     @property
     def vllm(self) -> Path:
@@ -436,6 +457,11 @@ class ContainerRank(Rank):
     @property
     def runtime_hf_home(self) -> str:
         return "/hf"
+
+    @property
+    def project_python(self) -> list[str]:
+        *run, image = self.runtime_python
+        return [*run, "--workdir", IMAGE_ROOT, image]
 
     def image_id(self) -> str | None:
         result = self.shell.run(["docker", "image", "inspect", "--format", "{{.Id}}", self.image])

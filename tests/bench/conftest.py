@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.tiny_models import build_qwen3_target
+from dspark_demo.checkpoints.qwen3 import build_qwen3_target
 from tests.helpers import free_port
 
 SERVER_ENV = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.spec_decode.dspark.options import (
@@ -27,8 +27,8 @@ from vllm.v1.spec_decode.dspark.options import (
 @pytest.fixture(scope="module")
 def speculative_config(tmp_path_factory, monkeypatch_module) -> SpeculativeConfig:
     root = tmp_path_factory.mktemp("options")
-    target = tiny_models.build_qwen3_target(root / "target")
-    draft = tiny_models.save_dspark_draft(root / "draft", tiny_models.DSparkDraftSpec())
+    target = qwen3.build_qwen3_target(root / "target")
+    draft = qwen3.save_dspark_draft(root / "draft", qwen3.DSparkDraftSpec())
     monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
     vllm_config = EngineArgs(
         model=str(target),

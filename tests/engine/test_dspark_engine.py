@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import (
     TinyEngine,
     drafts_one_by_one,
@@ -295,8 +295,8 @@ def test_contamination_check_fails_with_swapped_draft_block_tables(
 def test_dflash_layout_drafts_equal_deepspec_layout_drafts(tiny, tmp_path):
     """The same weights saved in the DFlash/speculators layout (``dflash_config``,
     no embedding or head in the file) draft exactly as DeepSpec's layout."""
-    spec = tiny_models.DSparkDraftSpec(layout="dflash")
-    dflash_layout = tiny_models.save_dspark_draft(tmp_path / "dflash-layout", spec)
+    spec = qwen3.DSparkDraftSpec(layout="dflash")
+    dflash_layout = qwen3.save_dspark_draft(tmp_path / "dflash-layout", spec)
     prompts = varied_prompts(3, seed=5)
     logs = {}
     for name, draft in (("deepspec", tiny.random_draft), ("dflash", dflash_layout)):

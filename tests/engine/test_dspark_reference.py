@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
 
 pytestmark = pytest.mark.engine
@@ -214,8 +214,8 @@ def draft_gaps(
 
 
 def dspark_gaps(tiny, tmp_path: Path, taps: list[int], k: int) -> list[float]:
-    spec = tiny_models.DSparkDraftSpec(target_layer_ids=taps)
-    draft_dir = tiny_models.save_dspark_draft(tmp_path / "draft", spec, target=tiny.random_target)
+    spec = qwen3.DSparkDraftSpec(target_layer_ids=taps)
+    draft_dir = qwen3.save_dspark_draft(tmp_path / "draft", spec, target=tiny.random_target)
     log = tmp_path / "drafts.jsonl"
     run = run_engine(
         tiny.random_target,
@@ -269,9 +269,9 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
     here, in the ``dspark_draft_log`` format."""
     from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
 
-    spec = tiny_models.DSparkDraftSpec()
-    draft_dir = tiny_models.save_dflash_draft(
-        tmp_path / "dflash", spec, tiny_models.random_dspark_weights(spec)
+    spec = qwen3.DSparkDraftSpec()
+    draft_dir = qwen3.save_dflash_draft(
+        tmp_path / "dflash", spec, qwen3.random_dspark_weights(spec)
     )
     k = spec.block_size - 1  # DFlash: the block is the anchor token and k masks
     log = tmp_path / "dflash.jsonl"

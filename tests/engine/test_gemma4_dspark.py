@@ -26,7 +26,7 @@ import pytest
 import torch
 from test_dspark_reference import TOLERANCE, draft_gaps, rms_norm, stacked_k_norm
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import gemma4
 from dspark_demo.engine import (
     EngineUnavailable,
     TinyEngine,
@@ -339,7 +339,7 @@ def _unknown_tensor(config: dict, weights: dict) -> None:
 def test_what_the_draft_cannot_run_is_refused_by_name(gemma, tmp_path, change, named):
     from safetensors.torch import load_file, save_file
 
-    draft = tiny_models.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
+    draft = gemma4.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
     config = json.loads((draft / "config.json").read_text())
     weights = load_file(str(draft / "model.safetensors"))
     change(config, weights)

@@ -15,7 +15,7 @@ from dspark_demo.engine import use_engine_env
 
 use_engine_env()
 
-from dspark_demo import tiny_v4  # noqa: E402
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4  # noqa: E402
 from tests.engine_v4 import standins  # noqa: E402
 
 

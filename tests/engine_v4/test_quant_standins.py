@@ -5,7 +5,8 @@ caught, and vLLM's own kernel choice picks them only on a CPU without AMX tiles.
 import pytest
 import torch
 
-from tests.engine_v4 import quant_standins, quantise_v4
+from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
+from tests.engine_v4 import quant_standins
 from tests.engine_v4.test_v4_quantised import weight
 
 
@@ -79,7 +80,7 @@ def moe_config(tmp_path_factory):
     """The FusedMoEConfig of the quantised draft's stage-0 experts (built with the stand-ins, AMX
     reported off). Built on cpu, not meta: vLLM caches rotary embeddings by their arguments
     (``get_rope``'s ``_ROPE_DICT``), and a meta one broke the next V4 engine of the session."""
-    from dspark_demo import tiny_v4
+    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
     from dspark_demo.v4_draft import build_draft, v4_vllm_config
 
     config = quantise_v4.QUANTISED_V4_CONFIG

@@ -22,7 +22,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import vllm
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
 

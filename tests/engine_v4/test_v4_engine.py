@@ -9,8 +9,8 @@ import random
 import pytest
 import torch
 
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.host_syncs import HostSyncRecorder
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 from tests.helpers import RowIndexedSlots
 

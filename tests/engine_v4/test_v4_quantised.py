@@ -1,8 +1,9 @@
 """The DeepSeek-V4 draft as V4-Flash ships it: FP8 block-scaled linears, MXFP4 routed experts.
 
 The tiny V4 target and its ``mtp.*`` draft are quantised exactly as V4-Flash ships them
-(``quantise_v4.py``) and served in the real engine twice: on vLLM's own kernels (its CPU FP8
-block linear and CPU MXFP4 MoE, both AMX; skipped without AMX), and on the torch stand-ins
+(``dspark_demo/checkpoints/deepseek_v4_quantised.py``) and served in the real engine twice: on
+vLLM's own kernels (its CPU FP8 block linear and CPU MXFP4 MoE, both AMX; skipped without AMX),
+and on the torch stand-ins
 (``quant_standins.py``) with AMX reported off as vLLM's CPU path reads it
 (``torch.cpu._is_amx_tile_supported()``, in this process, where the engine runs), which is what
 a CPU without AMX runs. Their dequantised bf16 twin holds the same values unquantised.
@@ -17,9 +18,9 @@ import types
 import pytest
 import torch
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
+from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
-from tests.engine_v4 import quantise_v4
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.engine import draft_steps
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 
 pytestmark = pytest.mark.engine

@@ -116,12 +116,12 @@ def _file_hash(path: Path) -> str:
 
 def tiny_dspark_pair(root: Path) -> tuple[Path, Path]:
     """A tiny Qwen3 target and its DeepSpec-layout DSpark draft (block 4), under `root`."""
-    from dspark_demo import tiny_models
+    from dspark_demo.checkpoints import qwen3
 
-    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    draft = tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
+    spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+    target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+    draft = qwen3.save_dspark_draft(
+        root / "draft", spec, qwen3.bigram_dspark_weights(spec, target), target
     )
     return target, draft
 

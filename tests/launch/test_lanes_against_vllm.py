@@ -18,7 +18,7 @@ import pytest
 from launch_testlib import REPO, write_yaml
 from test_golden import SITES
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints.common import build_tokenizer
 from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
 from dspark_launch.lanes import RUNNER_ENV, adaptive_verification_problem
 from dspark_launch.profile import PROFILES_DIR, load_profile
@@ -40,7 +40,7 @@ def spark_v2(tmp_path_factory: pytest.TempPathFactory) -> dict:
     snapshot = root / "snapshot"
     snapshot.mkdir()
     (snapshot / "config.json").write_text(json.dumps(V4_FLASH_CONFIG))
-    tiny_models.build_tokenizer(snapshot)
+    build_tokenizer(snapshot)
     profile = load_profile(PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml")
     site = load_site(write_yaml(root / "site.yaml", SITES["spark-docker-v2"]))
     plan = plan_node(profile, site, site.head)

@@ -96,7 +96,7 @@ def _stand_in_venv(tmp_path: Path) -> Path:
 
 
 def _tiny_snapshot(hf_home: Path) -> None:
-    from dspark_demo.tiny_models import build_qwen3_target
+    from dspark_demo.checkpoints.qwen3 import build_qwen3_target
 
     repo = hf_home / "hub" / ("models--" + TINY_MODEL.replace("/", "--"))
     build_qwen3_target(repo / "snapshots" / TINY_REVISION)
@@ -156,7 +156,7 @@ def _dspark_installed() -> bool:
 
 def _dspark_profile(tmp_path: Path) -> str:
     """cpu-tiny with DSpark on: a tiny random DSpark draft beside the target."""
-    from dspark_demo.tiny_models import DSparkDraftSpec, save_dspark_draft
+    from dspark_demo.checkpoints.qwen3 import DSparkDraftSpec, save_dspark_draft
 
     draft = save_dspark_draft(tmp_path / "draft", DSparkDraftSpec())
     profile = yaml.safe_load((PROFILES_DIR / f"{TINY_PROFILE}.yaml").read_text())

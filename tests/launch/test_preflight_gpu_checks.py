@@ -27,7 +27,8 @@ V4_MXFP4_CONFIG = {
 
 
 def script_runs(cluster: FakeCluster, script_arg: str) -> list[str]:
-    """Nodes on which an image Python ran a piped script whose arguments contain `script_arg`."""
+    """Nodes on which an image Python ran a piped script or a module whose arguments contain
+    `script_arg`."""
     return [
         entry["node"]
         for entry in cluster.commands()
@@ -41,9 +42,10 @@ def test_preflight_prints_each_nodes_selftest_verdict(fake_cluster, cli):
     result = cli("--site", fake_cluster.site, "preflight")
     assert result.rc == 0, result.err
     assert "GPU self-test on both nodes" in result.out
-    assert "head: ok: 7 passed, 0 skipped" in result.out
-    assert "worker (dgx@spark-b): ok: 7 passed, 0 skipped" in result.out
-    assert script_runs(fake_cluster, "- --json --max-num-seqs 4") == ["head", "worker"]
+    assert "head: ok: 8 passed, 0 skipped" in result.out
+    assert "worker (dgx@spark-b): ok: 8 passed, 0 skipped" in result.out
+    selftest = "-m tools.gpu_selftest --json --max-num-seqs 4 --runner v1"
+    assert script_runs(fake_cluster, selftest) == ["head", "worker"]
     assert script_runs(fake_cluster, "config.json") == ["head"]
 
 

@@ -17,11 +17,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from dspark_demo.checkpoints.common import NOISE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
 from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
-from dspark_demo.tiny_models import build_tokenizer
-
-VOCAB_SIZE = 1000
-NOISE_TOKEN_ID = 4
 
 # The published DeepSeek-V4-Flash config, cut down: every key it ships, unquantised, 2 layers
 # without compression or hash routing, 64 experts (the fewest ``biased_topk_cpu`` takes).
