@@ -263,6 +263,7 @@ def _lanes(
         raise top.error("v2_lane", "is for the V2 lane, which lanes does not list")
     adaptive = settings.boolean("adaptive_verification", default=False)
     if adaptive:
+        problem: str | None
         if method != "dspark":
             problem = "is DSpark's: it needs speculative.method: dspark"
         elif not cuda_graphs:
