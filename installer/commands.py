@@ -96,7 +96,9 @@ def status(tree: VllmTree, project: Path) -> Status:
 
 def load_manifest(tree: VllmTree, project: Path) -> Manifest:
     pins = pins_module.load(project)
-    version_pins = pins.for_tree(tree.version, tree.dist_info.name if tree.dist_info else None)
+    version_pins = pins.for_tree(
+        tree.version, tree.dist_info.name if tree.dist_info else None, tree.has_v1_runner
+    )
     return manifest_module.build(project, pins, version_pins)
 
 

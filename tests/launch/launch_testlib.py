@@ -73,7 +73,6 @@ def write_profile(path: Path, **overrides) -> Path:
         "cuda_graphs": True,
         "speculative": {"method": "none"},
         "nccl_roce": False,
-        "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
         **overrides,
     }
     return write_yaml(path, profile, mode=0o644)

@@ -23,6 +23,7 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
+from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -86,7 +87,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     @override
     def _get_model(self) -> nn.Module:
         """Upstream's loader, with the Gemma-4 draft's layer prefix, then every tensor it
-        read and every draft parameter accounted for by name."""
+        read and every draft parameter accounted for by name. A Gemma-4 draft's shipped
+        ``embed_tokens`` / ``lm_head`` are marked its own, as Qwen3's ``load_weights``
+        marks them, so that the target's are shared only when identical."""
         draft_vllm_config = self._create_draft_vllm_config()
         loader = get_model_loader(get_draft_load_config(draft_vllm_config))
         read_all_weights, shipped = loader.get_all_weights, []
@@ -103,6 +106,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
                 model_config=self.draft_model_config,
                 prefix=_DRAFT_PREFIX.get(self._family, ""),
             )
+        if self._family == "gemma4":
+            for name in shipped:
+                process_eagle_weight(model, name)
         check_loaded_draft(model, shipped)
         return model
 
