@@ -22,6 +22,8 @@ from dspark_launch.site import HEAD, WORKER, Node, Site
 LOG_LINES_ON_FAILURE = 40
 SELFTEST = REPO_ROOT / "tools" / "gpu_selftest.py"
 SELFTEST_TIMEOUT_S = 900
+DRY_START = REPO_ROOT / "tools" / "dry_start" / "engine.py"
+DRY_START_TIMEOUT_S = 900
 
 
 class Launcher:
@@ -56,6 +58,7 @@ class Launcher:
                 [str(rank.node.hf_home), self.profile.model, self.profile.revision or "-"],
             )
         self._check_serving_flags()
+        self._dry_start()
         if selftest:
             self._run_selftest()
         self._step("ports free on the head")
@@ -130,6 +133,42 @@ class Launcher:
         answer = head.shell.run_script(serving_flags.__file__, args, head.runtime_python)
         if not self.runner.dry_run and not answer.get("ok"):
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
+
+    def _dry_start(self) -> None:
+        """vLLM's own start-up of each rank in its image, on the node's device, as far as it goes
+        without loading the weights (tools/dry_start/engine.py); a refusal stops here."""
+        if self.site.mode != "docker":  # local mode runs the venv's CPU vLLM
+            return
+        self._step("dry start of vLLM's start-up on both nodes (no weights loaded)")
+        refused = []
+        for role, rank in self.ranks.items():
+            env = {**self.profile.env, "HF_HOME": rank.runtime_hf_home}
+            args = ["--rank", str(rank.node.rank), "--json"]
+            args += [f"--env={name}={value}" for name, value in env.items()]
+            args += ["--", *serve_args(self.profile, self.site, rank.node)]
+            report = rank.shell.run_script(
+                DRY_START, args, rank.runtime_python, timeout_s=DRY_START_TIMEOUT_S
+            )
+            if self.runner.dry_run:
+                continue
+            refusal = report.get("refusal")
+            if refusal:
+                refused.append(role)
+                self.runner.say(
+                    f"    {rank.label}: vLLM refused at {refusal['step']}: {refusal['message']} "
+                    f"(profile: {refusal['cause']}; fix: {refusal['fix']})"
+                )
+            else:
+                kv = {d["name"]: d["value"] for d in report["decisions"] if d["step"] == "kv cache"}
+                concurrency = next((f"{k} {v}" for k, v in kv.items() if k.startswith("max")), "")
+                self.runner.say(
+                    f"    {rank.label}: ok; KV cache {kv.get('tokens', '?')} tokens, {concurrency}"
+                )
+        if refused:
+            raise LaunchError(
+                f"vLLM refuses to start on {', '.join(refused)} (its reason above); fix the "
+                "profile (docs/dry-start.md)"
+            )
 
     def _run_selftest(self) -> None:
         """tools/gpu_selftest.py in each rank's runtime; every node's verdict is printed."""
