@@ -34,6 +34,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -88,6 +89,7 @@ class Report:
     decisions: list[Decision] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     refusal: Refusal | None = None
+    not_run: str | None = None  # what this host cannot start, and where it runs instead
 
     @property
     def ok(self) -> bool:
@@ -104,6 +106,8 @@ class Report:
             yield f"{decision.step:>8}  {decision.name}: {decision.value}"
         for warning in self.warnings:
             yield f" warning  {warning}"
+        if self.not_run:
+            yield f" not run  {self.not_run}"
         if self.refusal:
             refusal = self.refusal
             yield (
@@ -153,7 +157,9 @@ def refusal(error: Refused) -> Refusal:
         message = "; ".join(str(e.get("msg", e)) for e in error.error.errors())
     lines = [line for line in message.splitlines() if line.strip()]
     message = " ".join(line.strip() for line in lines)
-    causes = list(dict.fromkeys(field for key, field in PROFILE_FIELDS.items() if key in message))
+    # vLLM names a setting in snake case or as its flag.
+    named = {word.strip("-") for word in re.findall(r"[\w-]+", message)}
+    causes = list(dict.fromkeys(field for key, field in PROFILE_FIELDS.items() if key in named))
     cause = " or ".join(causes) or "serve_args"
     fix = f"change {cause} to a value vLLM accepts here (its message above says which)"
     return Refusal(error.step, message, cause, fix)
@@ -165,12 +171,14 @@ def refusal(error: Refused) -> Refusal:
 def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
     """`vllm serve`'s parser and checks, as the CLI runs them before starting anything."""
     from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
     args = parser.parse_args(serve_args)
     if args.model_tag is not None:  # ServeSubcommand.cmd: the positional model wins
         args.model = args.model_tag
+    configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     return args
 
@@ -385,34 +393,50 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
     """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
     `install_platform` first."""
     report = Report(rank)
-    import vllm.logger  # noqa: F401  (vLLM configures its loggers when imported)
     from vllm.model_executor.models import registry
 
     warning_log = WarningLog()
-    logging.getLogger("vllm").addHandler(warning_log)
     # vLLM inspects model classes in a subprocess so as not to initialise CUDA here; a dry start
     # never does, and a subprocess would not see this platform.
     registry._run_in_subprocess = lambda inspect: inspect()
     try:
         with step("arguments"):
             args = parse_serve_args(serve_args)
+        # After vLLM's logging is configured for these arguments, as `vllm serve` does.
+        logging.getLogger("vllm").addHandler(warning_log)
         with step("config"):
             config = create_config(args)
         describe_config(report, config)
-        classes = vllm_classes(rank, device_memory)
-        skip_draft_weights()
-        config.parallel_config.worker_cls = f"{__name__}.DryWorker"
-        config.load_config.load_format = DRY_LOAD_FORMAT
-        from vllm.v1.engine.core import EngineCore
-
-        with step("engine"), meta_device():
-            core = EngineCore(config, classes["DryExecutor"], log_stats=False)
-        describe_engine(report, config, core)
+        start_engine(report, config, rank, device_memory)
     except Refused as error:
         traceback.print_exception(error.error, file=sys.stderr)  # with vLLM's log, on stderr
         report.refusal = refusal(error)
-    report.warnings = warning_log.messages
+    finally:
+        report.warnings[:0] = warning_log.messages
     return report
+
+
+def start_engine(report: Report, config, rank: int, device_memory) -> None:
+    """vLLM's engine core for `config`, this rank's worker in it."""
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.v1.engine.core import EngineCore
+
+    if config.use_v2_model_runner and not HAS_TRITON:  # vLLM's own condition for V2
+        report.not_run = (
+            "the V2 model runner needs Triton with a CUDA driver; vLLM accepted the config, "
+            "the node's dry start (preflight) runs the rest"
+        )
+        return
+    classes = vllm_classes(rank, device_memory)
+    skip_draft_weights()
+    config.parallel_config.worker_cls = f"{__name__}.DryWorker"
+    config.load_config.load_format = DRY_LOAD_FORMAT
+    with step("engine"), meta_device():
+        core = EngineCore(config, classes["DryExecutor"], log_stats=False)
+    try:
+        describe_engine(report, config, core)
+    except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
+        report.warnings.append(f"the report stops short: {error}")
 
 
 def describe_config(report: Report, config) -> None:
