@@ -676,4 +676,8 @@ def report_and_exit(start: Callable[[], Report], as_json: bool) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    status = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # No interpreter teardown: compiled extensions report leaks there, after the verdict.
+    os._exit(status)
