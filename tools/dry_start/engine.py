@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import sys
 import traceback
 import warnings
@@ -399,6 +400,7 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
     # vLLM inspects model classes in a subprocess so as not to initialise CUDA here; a dry start
     # never does, and a subprocess would not see this platform.
     registry._run_in_subprocess = lambda inspect: inspect()
+    report.decide("args", "vllm serve", shlex.join(serve_args))
     try:
         with step("arguments"):
             args = parse_serve_args(serve_args)
