@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """See DSpark work on a laptop: tiny local models, vLLM with and without DSpark.
 
     .venv/bin/python -m dspark_demo [--pair bigram|oracle|random] [--k 4]
@@ -16,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3 as tiny_models
 from dspark_demo.engine import EngineRun, TinyEngine, dspark_config
 
 PAIRS = {

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny-engine harness: a real in-process vLLM CPU engine over tiny local models.
 
 One harness for the tests, the demo and the benchmarks. Engines run in-process

@@ -9,26 +9,43 @@ import pytest
 import yaml
 
 from tools.dry_start.engine import PROFILE_FIELDS, Refused, refusal
+from tools.dry_start.table import DEVICES
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "recipe" / "profiles"
 SPARK = "deepseek-v4-flash-2x-spark"
 
-# Each shipped GPU profile on each device it is for: the Spark one on GB10, the Blackwell ones on
-# every capability the Blackwell image targets (sm_100, sm_103, sm_120).
-STARTS = {
-    (SPARK, "gb10"): "DeepseekV4FlashInferSM120Attention",
-    ("deepseek-v4-flash-b200", "b200"): "DeepseekV4FlashMLAAttention",
-    ("deepseek-v4-flash-b200", "b300"): "DeepseekV4FlashMLAAttention",
-    ("qwen3-8b-dspark-blackwell", "rtx-pro-6000"): "Attention",
+# The attention class vLLM builds for each device's capability family.
+ATTENTION = {
+    "deepseek-v4-flash-2x-spark": {"12": "DeepseekV4FlashInferSM120Attention"},
+    "deepseek-v4-flash-b200": {"10": "DeepseekV4FlashMLAAttention"},
+    "qwen3-8b-dspark-blackwell": {"10": "Attention", "12": "Attention"},
 }
+
+
+def targets() -> list[tuple[str, str]]:
+    """Every shipped GPU profile on every table device of a capability it lists: the Spark one on
+    GB10, the Blackwell ones on each capability the Blackwell image targets."""
+    pairs = []
+    for path in sorted(PROFILES.glob("*.yaml")):
+        capabilities = yaml.safe_load(path.read_text()).get("compute_capability", [])
+        for name, device in sorted(DEVICES.items()):
+            if "{}.{}".format(*device.capability) in capabilities:
+                pairs.append((path.stem, name))
+    return pairs
 
 
 def decisions(report: dict) -> dict[tuple[str, str], str]:
     return {(d["step"], d["name"]): d["value"] for d in report["decisions"]}
 
 
-@pytest.mark.parametrize(("profile", "device"), sorted(STARTS))
+def test_every_blackwell_capability_has_a_profile():
+    covered = {DEVICES[device].capability for _, device in targets()}
+    assert covered == {(12, 1), (10, 0), (10, 3), (12, 0)}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(("profile", "device"), targets())
 def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
     rc, _, report = dry_start("--profile", profile, "--device", device, "--json")
     assert rc == 0 and report["ok"], report["refusal"]
@@ -42,9 +59,8 @@ def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
         "graphs",
     }
     assert made[("config", "vllm")] == "0.33.0"
-    assert any(name.startswith(f"attention {STARTS[profile, device]} x") for _, name in made), (
-        sorted(made)
-    )
+    attention = ATTENTION[profile][str(DEVICES[device].capability[0])]
+    assert any(name.startswith(f"attention {attention} x") for _, name in made), sorted(made)
     max_model_len = (
         f"{yaml.safe_load((PROFILES / f'{profile}.yaml').read_text())['max_model_len']:,}"
     )
@@ -52,6 +68,7 @@ def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
     assert float(made[("kv cache", f"max concurrency at {max_model_len} tokens")]) >= 1.0
 
 
+@pytest.mark.multiproc
 def test_spark_decisions_on_gb10(dry_start):
     """What vLLM 0.33.0 decides for the two-node Spark profile on GB10 (sm_121)."""
     _, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--json")
@@ -62,6 +79,16 @@ def test_spark_decisions_on_gb10(dry_start):
     assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
     assert made[("draft", "proposer")] == "DSparkRingProposer"
     assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+
+
+@pytest.mark.multiproc
+def test_the_v2_lane_runs_vllms_config_rules(dry_start):
+    """Model Runner V2 needs Triton with a CUDA driver: on this CPU the dry start runs V2's
+    arguments and config rules, then says what it did not run."""
+    rc, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--lane", "v2", "--json")
+    assert rc == 0 and report["ok"], report["refusal"]
+    assert decisions(report)[("config", "model runner")] == "V2"
+    assert "V2 model runner needs Triton" in report["not_run"]
 
 
 def bad_profile(tmp_path: Path, name: str, **changes) -> Path:
@@ -99,6 +126,7 @@ REFUSED = {
 }
 
 
+@pytest.mark.multiproc
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_refused_profile_stops_with_vllms_message_as_the_last_line(dry_start, tmp_path, case):
     changes, message, field = REFUSED[case]

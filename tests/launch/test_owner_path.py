@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DGX Spark owner's path around the server: image-ID pins, config readers that neither hang
 nor crash, one line-break rule for env values, and local-mode state the launcher can trust."""
 

@@ -22,6 +22,7 @@ WHEELS = REPO / ".cache" / "wheels"
 sys.path.insert(0, str(REPO / "launch"))
 
 from dspark_launch.errors import ConfigError  # noqa: E402
+from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
 from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
 from dspark_launch.render import serve_args  # noqa: E402
 from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
@@ -39,7 +40,7 @@ def vllm_wheel() -> Path | None:
     return next(iter(sorted(WHEELS.glob(f"vllm-{wanted}-*.whl"))), None)
 
 
-def stand_in_site(profile: Profile, hf_home: Path) -> Site:
+def stand_in_site(profile: Profile, hf_home: Path, lane: str) -> Site:
     """A docker-mode site on loopback addresses: what the launcher's rendering needs to put the
     profile's arguments together (the addresses and ports change nothing vLLM decides)."""
 
@@ -61,12 +62,13 @@ def stand_in_site(profile: Profile, hf_home: Path) -> Site:
         worker=node(WORKER, 1),
         secrets=Secrets(None, None),
         nccl_passthrough={},
+        lane=lane,
     )
 
 
-def rank_args(profile: Profile, rank: int, hf_home: Path) -> list[str]:
+def rank_args(profile: Profile, rank: int, hf_home: Path, lane: str = V1) -> list[str]:
     """The `vllm serve` arguments the launcher renders for the node that holds `rank`."""
-    site = stand_in_site(profile, hf_home)
+    site = stand_in_site(profile, hf_home, lane)
     node = site.head if rank == 0 else site.worker
     return list(serve_args(profile, site, node))
 
@@ -78,12 +80,21 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--profile", required=True, help="a name in recipe/profiles/ or a path")
     parser.add_argument("--device", required=True, choices=sorted(table.DEVICES))
     parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
+    parser.add_argument(
+        "--lane", choices=LANES, default=V1, help="the model runner (docs/lanes.md)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)
     try:
         profile = load_profile(resolve_profile_path(options.profile, Path.cwd()))
     except ConfigError as error:
         print(f"dry start: {error}", file=sys.stderr)
+        return 2
+    if options.lane not in profile.lanes:
+        print(
+            f"dry start: profile {profile.name} does not serve the {options.lane} lane",
+            file=sys.stderr,
+        )
         return 2
     device = table.DEVICES[options.device]
     wheel = vllm_wheel()
@@ -104,11 +115,11 @@ def main(argv: list[str]) -> int:
         except KeyError as error:
             print(f"dry start: {error.args[0]}", file=sys.stderr)
             return 2
-        os.environ.update(profile.env)
+        os.environ.update({**runner_env(options.lane), **profile.env})
         os.environ.update(
             HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=f"{scratch}/vllm"
         )
-        args = rank_args(profile, options.rank, hf_home)
+        args = rank_args(profile, options.rank, hf_home, options.lane)
 
         def start() -> engine.Report:
             engine.install_platform(table.install(device, wheel))

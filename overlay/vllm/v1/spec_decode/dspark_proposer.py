@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark speculative decoding on vLLM's V1 model runner: the entry point.
 
 The runner patch calls ``make_dspark_proposer``; it picks the proposer of the
@@ -8,13 +10,9 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark import __version__
+from vllm.v1.spec_decode.dspark.checks import check_draft
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.options import (
-    check_block_size,
-    check_draft_flags,
-    check_paged_draft_config,
-    check_safetensors_files,
-)
 
 logger = init_logger(__name__)
 
@@ -29,26 +27,12 @@ def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=N
         raise
 
 
-def check_draft(vllm_config: VllmConfig, family: str) -> None:
-    """The draft config's values and files, before anything is built."""
-    draft_model_config = vllm_config.speculative_config.draft_model_config
-    config = draft_model_config.hf_config
-    check_block_size(config)
-    check_draft_flags(config)
-    if family != "deepseek_v4":
-        check_paged_draft_config(
-            config,
-            target_vocab_size=vllm_config.model_config.get_vocab_size(),
-            target_hidden_size=vllm_config.model_config.get_hidden_size(),
-        )
-    check_safetensors_files(draft_model_config.model)
-
-
 def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
     """Full-attention Qwen3 and Gemma-4 drafts keep their context in vLLM's paged
     KV cache (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the
     proposer's own ring."""
     family = draft_family(vllm_config.speculative_config.draft_model_config)
+    logger.info("DSpark %s (dspark-vllm), %s draft.", __version__, family)
     check_draft(vllm_config, family)
     if family != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer

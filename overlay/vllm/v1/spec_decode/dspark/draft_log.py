@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """``dspark_draft_log``: every step's drafts per request, one JSON line each (debug only)."""
 
 import json
