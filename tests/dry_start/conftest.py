@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The dry start's tests run on the vLLM the images ship (0.33.0): its wheel's Python with DSpark
 installed (`tools/dry_start/environment.py`)."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The dry start on vLLM 0.33.0's Python: every shipped GPU profile starts on the devices it
 targets, and a profile vLLM refuses stops with vLLM's own message naming the profile field."""
 

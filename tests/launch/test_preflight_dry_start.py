@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Preflight runs the dry start (tools/dry_start/engine.py) in each node's image with that rank's
 own `vllm serve` arguments and environment; a refusal on either node stops `start` before any
 rank runs, with vLLM's reason printed per node."""
@@ -25,7 +27,7 @@ def dry_starts(fake_cluster) -> dict[str, list[str]]:
 
 
 def test_preflight_dry_starts_each_rank_with_its_own_arguments(fake_cluster, cli, tmp_path):
-    write_profile(tmp_path / "fake-profile.yaml", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    write_profile(tmp_path / "fake-profile.yaml", env={"HF_HUB_OFFLINE": "1"})
     result = cli("--site", fake_cluster.site, "preflight")
     assert result.rc == 0, result.err
     assert "head: ok; KV cache 3,020,517 tokens, max concurrency at 1,048,576 tokens 2.88" in (
@@ -36,7 +38,13 @@ def test_preflight_dry_starts_each_rank_with_its_own_arguments(fake_cluster, cli
     for node, rank in (("head", "0"), ("worker", "1")):
         args = runs[node]
         assert args[:3] == ["--rank", rank, "--json"]
-        assert "--env=VLLM_USE_V2_MODEL_RUNNER=0" in args and "--env=HF_HOME=/hf" in args
+        env = [arg for arg in args[: args.index("--")] if arg.startswith("--env=")]
+        # The site file's lane (v1), then the profile's environment, then the image's HF cache.
+        assert env == [
+            "--env=VLLM_USE_V2_MODEL_RUNNER=0",
+            "--env=HF_HUB_OFFLINE=1",
+            "--env=HF_HOME=/hf",
+        ]
         serve = args[args.index("--") + 1 :]
         assert serve[0] == "org/fake-model"
         assert serve[serve.index("--node-rank") + 1] == rank

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Dry start of a serving profile on a target device, without the device.
 
     python -m tools.dry_start --profile deepseek-v4-flash-2x-spark --device gb10 [--rank N] [--json]

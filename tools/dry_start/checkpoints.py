@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The checkpoints the shipped profiles serve, as an offline Hugging Face cache of their
 `config.json` files, for a dry start on a host that has not downloaded them.
 

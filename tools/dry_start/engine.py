@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """One rank's start-up through vLLM's own code, as far as it goes without loading weights.
 
 Run with the Python of the vLLM that serves: `python3 engine.py [--rank N] [--env NAME=VALUE]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The Python of the vLLM the images ship, on a host without CUDA, for a dry start there.
 
     .venv/bin/python -m tools.dry_start.environment      # prints the PYTHONPATH to use

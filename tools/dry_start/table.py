@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The target device from a table, for a dry start on a host without it (a CPU, in CI).
 
 What a GPU host's driver, CUDA libraries and device answer, answered here instead; everything
