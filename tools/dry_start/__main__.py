@@ -29,6 +29,7 @@ from dspark_launch.profile import Profile, load_profile, resolve_profile_path  #
 from dspark_launch.render import serve_args  # noqa: E402
 from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
 from tools.dry_start import checkpoints, engine, table  # noqa: E402
+from tools.dry_start.engine import finish  # noqa: E402
 
 
 def vllm_wheel() -> Path | None:
@@ -131,8 +132,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # No interpreter teardown: compiled extensions report leaks there, after the verdict.
-    os._exit(status)
+    finish(main(sys.argv[1:]))

@@ -668,6 +668,18 @@ def main(argv: list[str]) -> int:
     return report_and_exit(start, options.json)
 
 
+def finish(status: int) -> None:
+    """Exit with `status` and no interpreter teardown, where compiled extensions report leaks
+    after the verdict; child processes vLLM started go first."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 def report_and_exit(start: Callable[[], Report], as_json: bool) -> int:
     """Run `start` with vLLM's logs on stderr; the report is the last thing on stdout."""
     with contextlib.redirect_stdout(sys.stderr):
@@ -680,8 +692,4 @@ def report_and_exit(start: Callable[[], Report], as_json: bool) -> int:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # No interpreter teardown: compiled extensions report leaks there, after the verdict.
-    os._exit(status)
+    finish(main(sys.argv[1:]))

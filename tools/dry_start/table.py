@@ -111,6 +111,33 @@ class _Placeholder(type):
     def __iter__(cls):
         return iter(())  # lists nothing: no runtime library to preload
 
+    def __index__(cls) -> int:
+        return 0  # a size the package computes (a workspace): nothing held in a dry start
+
+    __int__ = __index__
+
+    def __lt__(cls, other) -> bool:
+        return other > 0
+
+    def __le__(cls, other) -> bool:
+        return other >= 0
+
+    def __gt__(cls, other) -> bool:
+        return other < 0
+
+    def __ge__(cls, other) -> bool:
+        return other <= 0
+
+    def __add__(cls, other):
+        return other
+
+    __radd__ = __add__
+
+    def __mul__(cls, other) -> int:
+        return 0
+
+    __rmul__ = __mul__
+
     def __contains__(cls, item) -> bool:
         return True  # a probe of what the package ships: as present as in the image
 
