@@ -5,13 +5,16 @@
 What a GPU host's driver, CUDA libraries and device answer, answered here instead; everything
 else the dry start runs is vLLM's code:
 - vLLM's compiled CUDA extensions (the `.so` files its wheel's RECORD lists and this tree lacks)
-  import as empty modules: their kernels never run in a dry start;
+  import as stand-ins; their PyTorch operators are defined from the schemas in the wheel's
+  binaries, without kernels (none runs in a dry start);
 - the CUDA kernel packages the wheel pins (FlashInfer, TileLang, CuTe DSL, ...) import as
-  stand-ins whose every name is a placeholder, as present as in the image;
+  stand-ins whose every name is a placeholder, as present as in the image; a number one of them
+  would compute (a workspace size) counts as 0;
 - the capability queries vLLM's CUDA library answers (`cutlass_scaled_mm_supports_fp8`, ...)
   answer from the table's capability and the images' CUDA version, as the library's source does;
-- `CudaPlatform`'s device queries (capability, name, memory, SM count, integrated memory) answer
-  from the table; no memory is pinned; CUDA streams and events are inert.
+- `CudaPlatform`'s and torch's device queries (capability, name, memory, SM count, integrated
+  memory, current device) answer from the table; no memory is pinned; CUDA streams and events
+  are inert.
 """
 
 from __future__ import annotations
