@@ -31,6 +31,7 @@ class LocalRank(Rank):
         self.venv = venv
         self.pid_path = self.node.state_dir / f"{self.node.role}.pid"
         self.log_path = self.node.state_dir / f"{self.node.role}.log"
+        self.previous_log_path = self.node.state_dir / f"{self.node.role}.log.1"
         self._child: subprocess.Popen | None = None
 
     def install_status(self) -> Result:
@@ -87,12 +88,16 @@ class LocalRank(Rank):
         argv = [str(self.vllm), "serve", *plan.serve_args]
         self.shell.runner.note(
             f"start on {self.label} as a new process group, env from {self.env_path}, "
-            f"output to {self.log_path}:\n+ {shlex.join(argv)}"
+            f"output to a fresh {self.log_path} (the previous one kept as "
+            f"{self.previous_log_path.name}):\n+ {shlex.join(argv)}"
         )
         if self.shell.runner.dry_run:
             return
         env = {**os.environ, **parse_env_file(self.env_path.read_text())}
-        log_fd = self._open_log(os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        # A fresh log per start, so that waits and failures show this run's lines.
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(self.log_path, self.previous_log_path)  # a link is moved, not followed
+        log_fd = self._open_log(os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         with os.fdopen(log_fd, "ab") as log:
             self._child = subprocess.Popen(
                 argv,

@@ -6,6 +6,7 @@ Qwen3 and Gemma-4 pairs, which refuses before building anything. One engine star
 the engine runs these checks (tests/engine/test_dspark_config_errors.py)."""
 
 import copy
+import json
 import os
 import shutil
 import struct
@@ -87,15 +88,19 @@ def test_bad_values_are_refused_naming_field_value_and_fix(values, message):
 def test_the_draft_log_must_be_an_appendable_file(tmp_path):
     check_draft_log(None)
     check_draft_log(str(tmp_path / "drafts.jsonl"))
-    assert (tmp_path / "drafts.jsonl").is_file()
+    (start,) = [json.loads(line) for line in (tmp_path / "drafts.jsonl").read_text().splitlines()]
+    assert start["event"] == "start" and start["pid"] == os.getpid()
     with pytest.raises(ValueError, match=r"must be a file path"):
         check_draft_log("")
     with pytest.raises(ValueError, match=r"is a directory\. Name a file"):
         check_draft_log(str(tmp_path))
     with pytest.raises(ValueError, match=r"does not exist\. Create it first"):
         check_draft_log(str(tmp_path / "missing" / "drafts.jsonl"))
-    with pytest.raises(ValueError, match="cannot be opened for appending"):
+    with pytest.raises(ValueError, match=r"cannot be appended to \(No such file"):
         check_draft_log("/proc/self/dspark-drafts.jsonl")
+    # Opens, but takes no write: only writing at start-up finds that.
+    with pytest.raises(ValueError, match=r"cannot be appended to \(No space left on device\)"):
+        check_draft_log("/dev/full")
 
 
 def test_not_writable_is_refused_for_a_non_root_user(tmp_path):
@@ -103,7 +108,7 @@ def test_not_writable_is_refused_for_a_non_root_user(tmp_path):
         pytest.skip("root may write anywhere; /proc covers the refusal above")
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
-    with pytest.raises(ValueError, match="cannot be opened"):
+    with pytest.raises(ValueError, match="cannot be appended to"):
         check_draft_log(str(locked / "drafts.jsonl"))
 
 

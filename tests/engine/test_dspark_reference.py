@@ -272,7 +272,7 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
     two-layer backbone in DFlash's layout drafts as the reference's DFlash
     block. DFlash writes no draft log, so the proposer's output is logged
     here, in the ``dspark_draft_log`` format."""
-    from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
+    from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 
     spec = qwen3.DSparkDraftSpec()
     draft_dir = qwen3.save_dflash_draft(
@@ -281,6 +281,7 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
     k = spec.block_size - 1  # DFlash: the block is the anchor token and k masks
     log = tmp_path / "dflash.jsonl"
     config = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": k}
+    draft_log = DraftLog(str(log))
     with TinyEngine(tiny.random_target, config, **CHUNKED) as engine:
         drafter = engine.model_runner.drafter
         propose = drafter.propose
@@ -288,8 +289,7 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
         def logged_propose(*args, **kwargs):
             drafts = propose(*args, **kwargs)
             rows = torch.arange(drafts.shape[0]) * (1 + k)
-            append_draft_log(
-                str(log),
+            draft_log.append(
                 engine.model_runner.input_batch.req_ids[: drafts.shape[0]],
                 drafter.positions[rows] - 1,
                 drafter.input_ids[rows],

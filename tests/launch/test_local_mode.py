@@ -111,12 +111,17 @@ def test_rank_that_exits_while_loading_fails_fast_and_is_cleaned_up(tmp_path, cl
     fake_snapshot(tmp_path / "hf", TINY_MODEL, TINY_REVISION)
     site = _local_site(tmp_path, _stand_in_venv(tmp_path), health_timeout_s=600)
     run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "head.log").write_text("a line of the run before\n")
 
     result = cli("--site", site, "start")
 
     assert result.rc == 1
     assert "head rank is exited (pid" in result.err and "exit status 3" in result.err
     assert "RuntimeError: out of memory" in result.out  # the head's log tail is shown
+    # Each start writes a fresh log: what it shows is this run's; the run before is kept.
+    assert "the run before" not in result.out + (run_dir / "head.log").read_text()
+    assert (run_dir / "head.log.1").read_text() == "a line of the run before\n"
     assert _process_groups(run_dir) == []  # both pid files removed by the cleanup stop
     worker_log = (run_dir / "worker.log").read_text()
     assert "loading model" not in worker_log  # separate logs per rank

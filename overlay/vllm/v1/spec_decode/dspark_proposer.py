@@ -13,17 +13,20 @@ from vllm.logger import init_logger
 from vllm.v1.spec_decode.dspark import __version__
 from vllm.v1.spec_decode.dspark.checks import check_draft
 from vllm.v1.spec_decode.dspark.family import draft_family
+from vllm.v1.spec_decode.dspark.refusal import record_refusal
 
 logger = init_logger(__name__)
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
     """The V1 DSpark proposer for the configured draft. A refusal is logged once more as
-    one short line: vLLM's start-up failure buries it in a long traceback."""
+    one short line, and recorded for the frontend to raise last (``dspark/refusal.py``):
+    vLLM's start-up failure buries it in a long traceback."""
     try:
         return _make_proposer(vllm_config, device, runner)
     except ValueError as error:
         logger.error("DSpark refused the configuration: %s", error)
+        record_refusal(vllm_config.instance_id, str(error))
         raise
 
 

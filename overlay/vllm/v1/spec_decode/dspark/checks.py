@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from vllm.v1.spec_decode.dspark.block import trained_block_size
+from vllm.v1.spec_decode.dspark.draft_log import append_records, start_record
 
 # Fields of the speculative config ---------------------------------------------------------------
 
@@ -141,8 +142,9 @@ def check_confidence_scheduling_without_async(scheduler: str, async_scheduling: 
 
 
 def check_draft_log(path: str | None) -> None:
-    """``dspark_draft_log`` must name a file this process can append to; it is opened (and
-    created, empty) here, because the first step that writes to it would kill the server."""
+    """``dspark_draft_log`` must name a file this process can append to: it is opened (and
+    created) here and its start record written, so that a path that takes no write is refused
+    now rather than turned off at the first step (``draft_log.py``)."""
     if path is None:
         return
     if not path:
@@ -156,10 +158,10 @@ def check_draft_log(path: str | None) -> None:
     if not os.path.isdir(parent):
         raise ValueError(f"{where}: its directory {parent} does not exist. Create it first.")
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        append_records(path, [start_record()])
     except OSError as error:
         raise ValueError(
-            f"{where} cannot be opened for appending ({error.strerror}). Name a writable file."
+            f"{where} cannot be appended to ({error.strerror}). Name a writable file."
         ) from None
 
 

@@ -10,7 +10,7 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
-from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
+from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
@@ -28,6 +28,7 @@ class DSparkProposerMixin:
             target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
             unsupported=unsupported,
         )
+        self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
 
     def _new_draft_probs(self) -> torch.Tensor | None:
@@ -66,12 +67,6 @@ class DSparkProposerMixin:
     ) -> None:
         """Debug log (``dspark_draft_log``): per request, the last context position
         before the block, the anchor token, the drafts and the scheduled length."""
+        assert self._draft_log is not None
         req_ids = self._runner.input_batch.req_ids[: drafts.shape[0]]
-        append_draft_log(
-            self.options.draft_log,
-            req_ids,
-            anchors,
-            anchor_tokens,
-            drafts,
-            self._draft_token_lengths,
-        )
+        self._draft_log.append(req_ids, anchors, anchor_tokens, drafts, self._draft_token_lengths)
