@@ -115,6 +115,7 @@ class Profile:
     model: str
     revision: str | None
     served_model_name: str
+    nodes: int  # 2: the launcher's two-node deployment; 1: one host, served with `docker run`
     tensor_parallel_size: int
     max_num_seqs: int
     max_model_len: int
@@ -227,7 +228,8 @@ def load_profile(path: Path) -> Profile:
         model=model,
         revision=revision,
         served_model_name=top.string("served_model_name", default=model) or model,
-        tensor_parallel_size=top.integer("tensor_parallel_size", 2, 64),
+        nodes=top.integer("nodes", 1, 2, default=2),
+        tensor_parallel_size=top.integer("tensor_parallel_size", 1, 64),
         max_num_seqs=top.integer("max_num_seqs", 1, 4096),
         max_model_len=top.integer("max_model_len", 16, 1 << 24),
         kv_cache_dtype=top.string("kv_cache_dtype", default="auto") or "auto",
@@ -241,7 +243,7 @@ def load_profile(path: Path) -> Profile:
         lanes=lanes,
         compute_capability=compute_capability,
     )
-    if profile.tensor_parallel_size % 2:
+    if profile.nodes == 2 and profile.tensor_parallel_size % 2:
         raise top.error("tensor_parallel_size", "must be even: it is split over 2 nodes")
     top.finish()
     return profile
