@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from vllm.compilation.backends import set_model_tag
 from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
@@ -139,6 +140,17 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         )
 
     # Draft step ---------------------------------------------------------------
+    @override
+    def _determine_batch_execution_and_padding(
+        self, num_tokens: int, use_cudagraphs: bool = True
+    ) -> tuple[CUDAGraphMode, int, torch.Tensor | None]:
+        """DFlash's choice for the draft forward, kept for vLLM's spec-decode metrics."""
+        mode, num_input_tokens, num_tokens_across_dp = (
+            super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+        )
+        self._draft_cudagraph_mode = mode
+        return mode, num_input_tokens, num_tokens_across_dp
+
     @override
     def set_inputs_first_pass(
         self,
