@@ -11,8 +11,7 @@ replaced by its own function (``PassThroughGraph``; CPU has no CUDA graphs):
 """
 
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
@@ -20,49 +19,18 @@ import torch
 from dspark_demo import tiny_v4
 from dspark_demo.engine import TinyEngine, read_draft_log
 from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
-from tests.cuda_sizing import SizingArgs, profile_sizing_args, rendered_serve_args, size_as_on_cuda
+from tests.cuda_graphs import (
+    PassThroughGraph,
+    SizingArgs,
+    graphs_on_cpu,
+    profile_sizing_args,
+    rendered_serve_args,
+    size_as_on_cuda,
+)
 from tests.engine_v4 import standins
 from tests.engine_v4.v4_harness import V4_ENGINE_ARGS, dspark
 
 pytestmark = pytest.mark.engine
-
-
-class PassThroughGraph:
-    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: under a FULL forward context the first
-    call for a batch descriptor "captures" (holds an entry, as the wrapper does), later ones
-    "replay" by running the function; other modes run it plainly, as the wrapper does."""
-
-    calls: ClassVar[list[tuple[str, int]]] = []
-
-    def __init__(self, runnable, vllm_config, runtime_mode) -> None:
-        self.runnable, self.runtime_mode = runnable, runtime_mode
-        self.concrete_cudagraph_entries: dict = {}
-
-    def __call__(self, size: int):
-        from vllm.config.compilation import CUDAGraphMode
-        from vllm.forward_context import get_forward_context
-
-        context = get_forward_context()
-        if context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
-            return self.runnable(size)
-        descriptor = context.batch_descriptor
-        assert descriptor.num_tokens == size
-        captured = descriptor in self.concrete_cudagraph_entries
-        self.calls.append(("replay" if captured else "capture", size))
-        self.concrete_cudagraph_entries.setdefault(descriptor, SimpleNamespace(cudagraph=object()))
-        return self.runnable(size)
-
-
-def on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ring proposer plans graphs as on CUDA; the capture and replay go through
-    ``PassThroughGraph``."""
-    from vllm.v1.spec_decode.dspark import cudagraph, ring_proposer
-
-    monkeypatch.setattr(
-        ring_proposer, "current_platform", SimpleNamespace(is_cuda_alike=lambda: True)
-    )
-    monkeypatch.setattr(cudagraph, "CUDAGraphWrapper", PassThroughGraph)
-    PassThroughGraph.calls = []
 
 
 # --- Planning and capture -----------------------------------------------------------------------
@@ -88,10 +56,12 @@ def spark_model(tmp_path_factory) -> Path:
 def spark_engine(spark, spark_model):
     """The DGX Spark profile's values (max_num_seqs 6, k 5, 8192 batched tokens, probabilistic
     drafts, no capture flags) on the tiny V4 target."""
+    from vllm.v1.spec_decode.dspark import ring_proposer
+
     assert spark.max_capture_size is None and spark.capture_sizes is None
     spec = dspark(spark.num_speculative_tokens, draft_sample_method=spark.draft_sample_method)
     with pytest.MonkeyPatch.context() as monkeypatch:
-        on_cuda(monkeypatch)
+        graphs_on_cpu(monkeypatch, ring_proposer)
         engine_args = {
             **V4_ENGINE_ARGS,
             "max_num_seqs": spark.max_num_seqs,
@@ -181,7 +151,7 @@ def test_the_plan_for_vllms_defaults_follows_the_targets_decode_graphs(spark, sp
     covered = []
     for num_requests in range(1, max_num_seqs + 1):
         target_mode, batch = target.dispatch(num_requests * (k + 1), uniform_decode=True)
-        draft = min((size for size in plan.draft if size >= num_requests), default=None)
+        draft = min((size for size in plan.draft_requests if size >= num_requests), default=None)
         expected = batch.num_tokens // (k + 1) if target_mode != CUDAGraphMode.NONE else None
         assert draft == expected, num_requests
         covered.append(draft is not None)
@@ -239,7 +209,7 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
     replayed: list[tuple[int, int, bool]] = []
     with pytest.MonkeyPatch.context() as monkeypatch:
         if path == "graph":
-            on_cuda(monkeypatch)
+            graphs_on_cpu(monkeypatch, ring_proposer)
             monkeypatch.setattr(ring_proposer, "draft_graph_sizes", lambda *_: [1, 2, 3, 4])
         with TinyEngine(model, spec, **V4_ENGINE_ARGS, max_num_seqs=4) as engine:
             proposer = engine.model_runner.drafter

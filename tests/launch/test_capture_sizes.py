@@ -1,6 +1,6 @@
 """Every shipped profile's target captures its widest speculative decode batch,
 ``max_num_seqs * (k + 1)`` tokens, in every cudagraph mode: the rendered ``vllm serve``
-arguments read by vLLM's own parser, sized by vLLM's own functions (``tests/cuda_sizing.py``)."""
+arguments read by vLLM's own parser, sized by vLLM's own functions (``tests/cuda_graphs.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dspark_launch.profile import PROFILES_DIR, load_profile
 pytest.importorskip("vllm")
 
 from dspark_demo import tiny_v4
-from tests.cuda_sizing import profile_sizing_args, rendered_serve_args, size_as_on_cuda
+from tests.cuda_graphs import profile_sizing_args, rendered_serve_args, size_as_on_cuda
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.spec_decode.dspark.cudagraph import capture_plan, resolved_as_by_the_runner
@@ -47,7 +47,7 @@ def widest_batch_in_every_pass(args: tuple[str, ...], model: Path) -> dict[str, 
         plan = capture_plan(resolved_as_by_the_runner(vllm_config, AttentionCGSupport.ALWAYS))
         covered[mode.name] = bool(plan.target) and all(widest in sizes for _, sizes in plan.target)
         if k:
-            covered[mode.name] &= plan.draft[-1] == sizing.max_num_seqs
+            covered[mode.name] &= plan.draft_requests[-1] == sizing.max_num_seqs
     return covered
 
 

@@ -1,4 +1,7 @@
-"""FULL CUDA graphs of the ring draft's block step, one per padded request count.
+"""FULL CUDA graphs of the DSpark draft step, one per padded request count: the ring draft's
+block step (``DraftGraphs``) and the paged draft's stage after its forward (``ChainGraphs``;
+the forward itself replays upstream DFlash's piecewise graphs); and the capture plan of a
+deployment (``capture_plan``).
 
 The V1 runner loads the drafter before it resolves its CUDA-graph mode and capture sizes
 (``resolve_cudagraph_mode_and_sizes`` rounds them to multiples of k + 1), then calls the
@@ -6,7 +9,8 @@ drafter's ``initialize_cudagraph_keys``: the draft plans its graphs there, from 
 sizes. The runner hands the drafter ``use_cudagraphs=True`` only in its PIECEWISE capture
 pass (EAGLE's drafters capture piecewise graphs); these graphs are FULL graphs of their own,
 captured at the first call of any capture pass, so every cudagraph mode that captures the
-target captures them.
+target captures them. Their request counts follow the target's decode graphs: a decode batch
+of n requests pads to the target graph that holds it, its draft to the same request count.
 
 A graph replays greedy or sampled drafts: per-request temperatures sit in a fixed buffer
 written before replay, and vLLM's draft sampler draws its noise from the default generator,
@@ -17,10 +21,12 @@ import bisect
 import copy
 import dataclasses
 import functools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from typing_extensions import override
 
 from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import VllmConfig
@@ -31,7 +37,7 @@ from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import greedy_sample
+from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 SampleFromLogits = Callable[[torch.Tensor, SamplingMetadata], tuple[torch.Tensor, torch.Tensor]]
@@ -75,7 +81,8 @@ class FixedTemperatureSampler:
         if num_requests:
             assert sampling_metadata.temperature is not None
             self.temperature[:num_requests].copy_(sampling_metadata.temperature[:num_requests])
-        self.temperature[num_requests:size].fill_(1.0)
+        if num_requests < size:
+            self.temperature[num_requests:size].fill_(1.0)
         self._template = sampling_metadata
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,34 +96,32 @@ class FixedTemperatureSampler:
         return self._sample_from_logits(logits, metadata)
 
 
-class DraftGraphs:
-    """FULL CUDA graphs of ``BlockDrafter.draft`` per padded request count, captured and replayed
-    by vLLM's ``CUDAGraphWrapper`` (keyed by a ``BatchDescriptor``, as vLLM's own graphs are):
-    one set for greedy drafts and, with probabilistic drafts, one for sampled ones.
+class RequestGraphs(ABC):
+    """FULL CUDA graphs of one stage of the draft step per padded request count, captured and
+    replayed by vLLM's ``CUDAGraphWrapper`` (keyed by a ``BatchDescriptor``, as vLLM's own graphs
+    are): one set for greedy drafts and, given vLLM's draft sampler, one for sampled ones.
 
-    The graphs read fixed buffers (slots, anchors, anchor tokens, temperatures); rows past the
-    batch draft from the scratch slot and are dropped. Sampled graphs write their
-    distributions into the drafter's ``draft_probs`` buffer, as the eager draft does.
+    Subclasses hold the stage's fixed inputs, pad them (``_pad``) and run the stage on them
+    (``_run``); rows past the batch are padding and are dropped. Sampled graphs write their
+    distributions into the proposer's ``draft_probs`` buffer, as the eager step does.
     """
 
     def __init__(
         self,
-        drafter: BlockDrafter,
         vllm_config: VllmConfig,
         sizes: list[int],
         num_drafts: int,
-        with_confidence: bool,
+        device: torch.device,
         sample_from_logits: SampleFromLogits | None = None,
+        draft_probs: torch.Tensor | None = None,
     ) -> None:
-        """``sample_from_logits``: vLLM's draft sampler, for graphs of sampled drafts too."""
+        """``sample_from_logits`` and ``draft_probs`` (the ``[max requests, k, V]`` buffer):
+        for graphs of sampled drafts too."""
         self.sizes = sorted(sizes)
         self.num_drafts = num_drafts
-        self._drafter = drafter
         self._vllm_config = vllm_config
-        self._with_confidence = with_confidence
-        device, largest = drafter.ring.tags.device, self.sizes[-1]
-        self._slots = torch.full((largest,), drafter.scratch_slot, dtype=torch.int64, device=device)
-        self._anchors = torch.zeros(largest, dtype=torch.int64, device=device)
+        self._draft_probs = draft_probs
+        largest = self.sizes[-1]
         self._anchor_tokens = torch.zeros(largest, dtype=torch.int64, device=device)
         self.sampler = (
             None
@@ -125,9 +130,7 @@ class DraftGraphs:
         )
         self._graphs = {
             sampled: CUDAGraphWrapper(
-                functools.partial(self._draft_from_buffers, sampled=sampled),
-                vllm_config,
-                CUDAGraphMode.FULL,
+                functools.partial(self._run, sampled=sampled), vllm_config, CUDAGraphMode.FULL
             )
             for sampled in ((False, True) if self.sampler is not None else (False,))
         }
@@ -146,7 +149,7 @@ class DraftGraphs:
         )
 
     def padded_size(self, num_requests: int, sampled: bool = False) -> int | None:
-        """The smallest captured size that holds ``num_requests``; None: it drafts eagerly."""
+        """The smallest captured size that holds ``num_requests``; None: it runs eagerly."""
         captured = self.captured(sampled)
         index = bisect.bisect_left(captured, num_requests)
         return captured[index] if index < len(captured) else None
@@ -169,6 +172,83 @@ class DraftGraphs:
                     self._graphs[sampled](size)
         return sorted(set.intersection(*(set(self.captured(s)) for s in self._graphs)))
 
+    def _replay(
+        self,
+        anchor_tokens: torch.Tensor,
+        size: int,
+        sampling_metadata: SamplingMetadata | None,
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Replay the ``size`` graph for the ``len(anchor_tokens)`` requests whose other inputs
+        the subclass wrote: its outputs, and the distributions of sampled drafts."""
+        num_requests = anchor_tokens.shape[0]
+        self._anchor_tokens[:num_requests].copy_(anchor_tokens)
+        self._load(num_requests, size, sampling_metadata)
+        sampled = sampling_metadata is not None
+        with self._context(size, CUDAGraphMode.FULL):
+            # The next replay overwrites the graph's outputs; the runner may still read these.
+            outputs = [t[:num_requests].clone() for t in self._graphs[sampled](size)]
+        probs = None
+        if sampled:
+            assert self._draft_probs is not None
+            probs = self._draft_probs[:num_requests, : self.num_drafts]
+        return outputs, probs
+
+    def _load(
+        self, num_requests: int, size: int, sampling_metadata: SamplingMetadata | None
+    ) -> None:
+        """Pad the fixed inputs past ``num_requests`` up to ``size``; write the temperatures."""
+        if num_requests < size:
+            self._anchor_tokens[num_requests:size].zero_()
+            self._pad(num_requests, size)
+        if sampling_metadata is not None:
+            assert self.sampler is not None
+            self.sampler.write(sampling_metadata, num_requests, size)
+
+    def _sample(self, sampled: bool) -> PositionSampler:
+        return self.sampler if sampled and self.sampler is not None else greedy_sample
+
+    @abstractmethod
+    def _pad(self, num_requests: int, size: int) -> None:
+        """Fill the subclass's fixed inputs past ``num_requests`` up to ``size``."""
+
+    @abstractmethod
+    def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
+        """The stage on the first ``size`` rows of the fixed inputs: ``[size, ...]`` outputs."""
+
+    def _context(self, size: int, mode: CUDAGraphMode):
+        return set_forward_context(
+            None,
+            self._vllm_config,
+            num_tokens=size * self.num_drafts,
+            cudagraph_runtime_mode=mode,
+            batch_descriptor=BatchDescriptor(num_tokens=size),
+        )
+
+
+class DraftGraphs(RequestGraphs):
+    """The ring draft's block step (``BlockDrafter.draft``: ring read, stages, Markov chain,
+    confidence head) per padded request count; rows past the batch draft from the scratch
+    slot."""
+
+    def __init__(
+        self,
+        drafter: BlockDrafter,
+        vllm_config: VllmConfig,
+        sizes: list[int],
+        num_drafts: int,
+        with_confidence: bool,
+        sample_from_logits: SampleFromLogits | None = None,
+    ) -> None:
+        device = drafter.ring.tags.device
+        super().__init__(
+            vllm_config, sizes, num_drafts, device, sample_from_logits, drafter.draft_probs
+        )
+        self._drafter = drafter
+        self._with_confidence = with_confidence
+        largest = self.sizes[-1]
+        self._slots = torch.full((largest,), drafter.scratch_slot, dtype=torch.int64, device=device)
+        self._anchors = torch.zeros(largest, dtype=torch.int64, device=device)
+
     def draft(
         self,
         slots: torch.Tensor,
@@ -182,16 +262,7 @@ class DraftGraphs:
         num_requests = slots.shape[0]
         self._slots[:num_requests].copy_(slots)
         self._anchors[:num_requests].copy_(anchors)
-        self._anchor_tokens[:num_requests].copy_(anchor_tokens)
-        self._load(num_requests, size, sampling_metadata)
-        sampled = sampling_metadata is not None
-        with self._context(size, CUDAGraphMode.FULL):
-            # The next replay overwrites the graph's outputs; the runner may still read these.
-            outputs = [t[:num_requests].clone() for t in self._graphs[sampled](size)]
-        probs = None
-        if sampled:
-            assert self._drafter.draft_probs is not None
-            probs = self._drafter.draft_probs[:num_requests, : self.num_drafts]
+        outputs, probs = self._replay(anchor_tokens, size, sampling_metadata)
         return DraftOutput(
             token_ids=outputs[0],
             confidence=outputs[1] if self._with_confidence else None,
@@ -199,38 +270,81 @@ class DraftGraphs:
             probs=probs,
         )
 
-    def _load(
-        self, num_requests: int, size: int, sampling_metadata: SamplingMetadata | None
-    ) -> None:
-        """Pad the fixed inputs past ``num_requests`` up to ``size``; write the temperatures."""
+    @override
+    def _pad(self, num_requests: int, size: int) -> None:
         self._slots[num_requests:size].fill_(self._drafter.scratch_slot)
         self._anchors[num_requests:size].zero_()
-        self._anchor_tokens[num_requests:size].zero_()
-        if sampling_metadata is not None:
-            assert self.sampler is not None
-            self.sampler.write(sampling_metadata, num_requests, size)
 
-    def _draft_from_buffers(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
+    @override
+    def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
         output = self._drafter.draft(
             self._slots[:size],
             self._anchors[:size],
             self._anchor_tokens[:size],
             self.num_drafts,
             with_confidence=self._with_confidence,
-            sample=self.sampler if sampled and self.sampler is not None else greedy_sample,
+            sample=self._sample(sampled),
         )
         if output.confidence is None:
             return (output.token_ids,)
         return output.token_ids, output.confidence
 
-    def _context(self, size: int, mode: CUDAGraphMode):
-        return set_forward_context(
-            None,
-            self._vllm_config,
-            num_tokens=size * self.num_drafts,
-            cudagraph_runtime_mode=mode,
-            batch_descriptor=BatchDescriptor(num_tokens=size),
+
+DraftChain = Callable[
+    [torch.Tensor, torch.Tensor, PositionSampler],
+    tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+]
+"""``(hidden [B * k, H], anchor_tokens [B], sample) -> (drafts [B, k], confidence [B, k] or
+None, distributions or None)``: the paged proposer's stage after the draft forward."""
+
+
+class ChainGraphs(RequestGraphs):
+    """The paged draft's stage after upstream's piecewise-graphed forward (base logits of the
+    block's sampled rows, the Markov chain, the confidence head) per padded request count. Its
+    input is the forward's sampled hidden states, copied into ``hidden``: a ``[max requests *
+    k, H]`` buffer the proposer allocates before vLLM's memory profile; padding rows are
+    zero."""
+
+    def __init__(
+        self,
+        chain: DraftChain,
+        hidden: torch.Tensor,
+        vllm_config: VllmConfig,
+        sizes: list[int],
+        num_drafts: int,
+        sample_from_logits: SampleFromLogits | None = None,
+        draft_probs: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(
+            vllm_config, sizes, num_drafts, hidden.device, sample_from_logits, draft_probs
         )
+        self._chain = chain
+        self._hidden = hidden
+
+    def draft(
+        self,
+        hidden_states: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        size: int,
+        sampling_metadata: SamplingMetadata | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The chain of ``len(anchor_tokens)`` requests by replaying the ``size`` graph."""
+        self._hidden[: hidden_states.shape[0]].copy_(hidden_states)
+        outputs, probs = self._replay(anchor_tokens, size, sampling_metadata)
+        return outputs[0], outputs[1] if len(outputs) > 1 else None, probs
+
+    @override
+    def _pad(self, num_requests: int, size: int) -> None:
+        self._hidden[num_requests * self.num_drafts : size * self.num_drafts].zero_()
+
+    @override
+    def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
+        drafts, confidence, _ = self._chain(
+            self._hidden[: size * self.num_drafts],
+            self._anchor_tokens[:size],
+            self._sample(sampled),
+        )
+        return (drafts,) if confidence is None else (drafts, confidence)
 
 
 def graph_and_eager_drafts_agree(proposer, sampled: bool = False) -> dict[int, bool]:
@@ -282,29 +396,28 @@ class CapturePlan:
     """The target's resolved cudagraph mode."""
     target: tuple[tuple[CUDAGraphMode, tuple[int, ...]], ...]
     """The runner's capture passes: runtime mode and the token counts it captures."""
-    draft_mode: CUDAGraphMode
-    """FULL: the ring draft's block step; PIECEWISE: the paged draft's forward (upstream
-    DFlash's graphs; its Markov chain and confidence head run eagerly); NONE: no graphs."""
-    draft: tuple[int, ...]
-    """Ring family: request counts; paged family: query tokens of the draft's forward."""
+    draft_forward: tuple[int, ...]
+    """Paged family: query-token counts of upstream DFlash's PIECEWISE graphs of the draft
+    forward (captured in the runner's PIECEWISE pass only); ring family: none."""
+    draft_requests: tuple[int, ...]
+    """Request counts of the draft's FULL graphs: the ring family's block step, the paged
+    family's stage after the forward (base logits, Markov chain, confidence head)."""
     draft_variants: tuple[str, ...]
+    """``greedy`` and, with probabilistic drafts, ``sampled``."""
 
     def lines(self) -> list[str]:
         """The plan as a few lines for a start-up report."""
-        lines = [f"target cudagraph mode {self.mode.name}"]
+        lines = [f"target: cudagraph mode {self.mode.name}"]
         lines += [f"  {mode.name} pass: {list(sizes)} tokens" for mode, sizes in self.target]
-        if not self.draft:
-            lines.append("draft: no CUDA graphs (every draft step runs eagerly)")
-        elif self.draft_mode == CUDAGraphMode.FULL:
+        if self.draft_forward:
+            lines.append(f"draft forward: PIECEWISE graphs for {list(self.draft_forward)} tokens")
+        if self.draft_requests:
             lines.append(
-                f"draft: FULL graphs for {list(self.draft)} requests "
+                f"draft: FULL graphs for {list(self.draft_requests)} requests "
                 f"({' and '.join(self.draft_variants)} drafts)"
             )
-        else:
-            lines.append(
-                f"draft: {self.draft_mode.name} graphs of the forward for {list(self.draft)} "
-                "query tokens; the Markov chain and the confidence head run eagerly"
-            )
+        if not self.draft_forward and not self.draft_requests:
+            lines.append("draft: no CUDA graphs (every draft step runs eagerly)")
         return lines
 
 
@@ -335,30 +448,26 @@ def capture_plan(vllm_config: VllmConfig, on_cuda: bool = True) -> CapturePlan:
     mode = vllm_config.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
     target = _capture_passes(vllm_config, mode)
     speculative_config = vllm_config.speculative_config
-    variants: tuple[str, ...] = ()
-    if draft_family(speculative_config.draft_model_config) == "deepseek_v4":
-        draft_mode = CUDAGraphMode.FULL
-        draft = draft_graph_sizes(vllm_config, mode, on_cuda)
-        sampled = speculative_config.draft_sample_method == "probabilistic"
-        variants = ("greedy", "sampled") if sampled else ("greedy",)
-    else:
+    forward: list[int] = []
+    if draft_family(speculative_config.draft_model_config) != "deepseek_v4" and on_cuda:
         # Upstream's drafter dispatcher; the runner captures its keys in PIECEWISE passes only.
-        draft_mode = CUDAGraphMode.PIECEWISE
         drafter = _DrafterKeys(vllm_config)
         SpecDecodeBaseProposer.initialize_cudagraph_keys(drafter, mode)
-        runner_passes = {pass_mode for pass_mode, _ in target} if on_cuda else set()
-        draft = [
+        runner_passes = {pass_mode for pass_mode, _ in target}
+        forward = [
             size
             for pass_mode, sizes in _descriptor_sizes(drafter.cudagraph_dispatcher)
             if pass_mode in runner_passes
             for size in sizes
         ]
+    requests = draft_graph_sizes(vllm_config, mode, on_cuda)
+    sampled = speculative_config.draft_sample_method == "probabilistic"
     return CapturePlan(
         mode=mode,
         target=target,
-        draft_mode=draft_mode if draft else CUDAGraphMode.NONE,
-        draft=tuple(sorted(draft)),
-        draft_variants=variants if draft else (),
+        draft_forward=tuple(sorted(forward)),
+        draft_requests=tuple(requests),
+        draft_variants=(("greedy", "sampled") if sampled else ("greedy",)) if requests else (),
     )
 
 

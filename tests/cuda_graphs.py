@@ -1,4 +1,5 @@
-"""vLLM's CUDA-graph sizing, run on CPU with the values a CUDA host starts from.
+"""CUDA graphs on CPU: vLLM's sizing with the values a CUDA host starts from, and a stand-in for
+vLLM's graph wrapper that runs the captured function.
 
 vLLM's CPU platform turns CUDA graphs off while a config is built. ``size_as_on_cuda`` puts
 back what a CUDA host has (a cudagraph mode, the capture flags a deployment passes) and runs
@@ -6,6 +7,8 @@ vLLM's own ``VllmConfig._set_cudagraph_sizes`` (its capture grid, which cuts a m
 grid); the runner's ``resolve_cudagraph_mode_and_sizes`` (the rounding to multiples of k + 1)
 then runs through ``capture_plan`` or the runner itself. ``profile_sizing_args`` reads a
 launcher profile's rendered ``vllm serve`` arguments with vLLM's own engine-argument parser.
+``PassThroughGraph`` stands in for ``CUDAGraphWrapper`` (CPU has no CUDA graphs), and
+``graphs_on_cpu`` makes a proposer plan, capture and replay its draft graphs through it.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import ClassVar
 
 import pytest
 import yaml
@@ -60,6 +65,7 @@ class SizingArgs:
             speculative = {
                 "method": "dspark",
                 "num_speculative_tokens": self.num_speculative_tokens,
+                "draft_sample_method": self.draft_sample_method or "greedy",
             }
         return EngineArgs(
             model=str(model_dir),
@@ -122,3 +128,39 @@ def profile_sizing_args(serve_args: tuple[str, ...], model_dir: Path) -> SizingA
         max_capture_size=args.max_cudagraph_capture_size or compilation.max_cudagraph_capture_size,
         capture_sizes=args.cudagraph_capture_sizes or compilation.cudagraph_capture_sizes,
     )
+
+
+class PassThroughGraph:
+    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: under a FULL forward context the first
+    call for a batch descriptor "captures" (holds an entry, as the wrapper does), later ones
+    "replay" by running the function; other modes run it plainly, as the wrapper does."""
+
+    calls: ClassVar[list[tuple[str, int]]] = []
+
+    def __init__(self, runnable, vllm_config, runtime_mode) -> None:
+        self.runnable, self.runtime_mode = runnable, runtime_mode
+        self.concrete_cudagraph_entries: dict = {}
+
+    def __call__(self, size: int):
+        from vllm.forward_context import get_forward_context
+
+        context = get_forward_context()
+        if context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
+            return self.runnable(size)
+        descriptor = context.batch_descriptor
+        assert descriptor.num_tokens == size
+        captured = descriptor in self.concrete_cudagraph_entries
+        self.calls.append(("replay" if captured else "capture", size))
+        self.concrete_cudagraph_entries.setdefault(descriptor, SimpleNamespace(cudagraph=object()))
+        return self.runnable(size)
+
+
+def graphs_on_cpu(monkeypatch: pytest.MonkeyPatch, proposer_module: ModuleType) -> None:
+    """``proposer_module``'s proposer plans its draft graphs as on CUDA; they capture and
+    replay through ``PassThroughGraph``."""
+    from vllm.v1.spec_decode.dspark import cudagraph
+
+    cuda = SimpleNamespace(is_cuda_alike=lambda: True)
+    monkeypatch.setattr(proposer_module, "current_platform", cuda)
+    monkeypatch.setattr(cudagraph, "CUDAGraphWrapper", PassThroughGraph)
+    PassThroughGraph.calls = []
