@@ -12,6 +12,7 @@
 """
 
 import ast
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -426,9 +427,24 @@ class LateCopies(TorchFunctionMode):
         del self.pending[:issued]
 
 
-def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch) -> LateCopies:
+def cuda_async_tensor_h2d():
+    """vLLM's ``async_tensor_h2d`` as a CUDA host runs it (a non-blocking copy from a host
+    tensor), read from the installed source: vLLM's CPU worker replaces the module's function
+    with a synchronous one when it is imported."""
+    spec = importlib.util.spec_from_file_location(
+        "torch_utils_as_on_cuda", INSTALLED / "utils" / "torch_utils.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.async_tensor_h2d
+
+
+def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch, upload=None) -> LateCopies:
+    """The run with the proposer's slot upload done by ``upload`` (default: vLLM's own)."""
+    from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.spec_decode.dspark.ring_proposer import DSparkRingProposer
 
+    monkeypatch.setattr(ring_proposer, "async_tensor_h2d", upload or cuda_async_tensor_h2d())
     copies = LateCopies()
     propose = DSparkRingProposer.propose
 
@@ -460,7 +476,6 @@ def test_slot_uploads_read_the_slots_their_step_meant_when_the_copy_runs_late(
 def test_late_copies_catch_a_reused_host_buffer(tiny_v4_models, monkeypatch):
     """Control: with one reused host buffer (``CpuGpuBuffer.copy_to_gpu``, as the proposer had
     it), late copies read another step's slots whenever the batch changed."""
-    from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.utils import CpuGpuBuffer
 
     reused = CpuGpuBuffer(64, dtype=torch.int64, device=torch.device("cpu"), with_numpy=True)
@@ -469,8 +484,7 @@ def test_late_copies_catch_a_reused_host_buffer(tiny_v4_models, monkeypatch):
         reused.np[: len(slots)] = slots
         return reused.copy_to_gpu(len(slots))
 
-    monkeypatch.setattr(ring_proposer, "async_tensor_h2d", upload_through_reused_buffer)
-    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
+    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch, upload_through_reused_buffer)
     assert copies.checked >= 10
     assert copies.wrong >= 1
 
