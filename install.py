@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Install the DSpark overlay and patches into a vLLM tree, transactionally and version-pinned."""
 
 import argparse

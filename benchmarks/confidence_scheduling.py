@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Confidence-scheduled verification side by side on the CPU engine.
 
     .venv/bin/python -m benchmarks.confidence_scheduling [--repeats 3] [--concurrency 1 4 8]
@@ -22,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config
 
 SCHEDULERS = {
@@ -40,12 +42,12 @@ K = 4
 
 
 def build_models(root: Path) -> tuple[Path, Path]:
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    spec = tiny_models.DSparkDraftSpec(
-        markov_rank=tiny_models.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
+    target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+    spec = qwen3.DSparkDraftSpec(
+        markov_rank=qwen3.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
     )
-    weights = tiny_models.bigram_dspark_weights(spec, target)
-    return target, tiny_models.save_dspark_draft(root / "draft", spec, weights, target)
+    weights = qwen3.bigram_dspark_weights(spec, target)
+    return target, qwen3.save_dspark_draft(root / "draft", spec, weights, target)
 
 
 def measure(target: Path, draft: Path, options: dict, concurrency: int, max_tokens: int) -> dict:

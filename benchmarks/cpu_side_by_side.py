@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Side-by-side speed of no speculation, upstream DFlash and DSpark on the real vLLM
 CPU engine, with tiny local models, built to resolve a few percent on a noisy box.
 
@@ -41,22 +43,24 @@ from pathlib import Path
 
 import torch
 
-from dspark_demo.engine import EngineUnavailable, TinyEngine
-from dspark_demo.host_syncs import HostSyncRecorder
-from dspark_demo.tiny_models import (
-    VOCAB_SIZE,
-    DSparkDraftSpec,
+from dspark_demo.checkpoints.gemma4 import (
     Gemma4DraftSpec,
     build_gemma4_target,
-    build_qwen3_target,
-    oracle_dspark_weights,
     oracle_gemma4_draft_weights,
-    random_dspark_weights,
-    save_dflash_draft,
-    save_dspark_draft,
     save_gemma4_dflash_draft,
     save_gemma4_draft,
 )
+from dspark_demo.checkpoints.qwen3 import (
+    VOCAB_SIZE,
+    DSparkDraftSpec,
+    build_qwen3_target,
+    oracle_dspark_weights,
+    random_dspark_weights,
+    save_dflash_draft,
+    save_dspark_draft,
+)
+from dspark_demo.engine import EngineUnavailable, TinyEngine
+from dspark_demo.host_syncs import HostSyncRecorder
 
 METHODS = ("nospec", "dflash", "dspark")
 DRAFT_KINDS = ("oracle", "random", "trained", "gemma4-oracle")

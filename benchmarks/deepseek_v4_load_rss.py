@@ -1,8 +1,10 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Peak host memory of loading the DeepSeek-V4 DSpark draft, against its ``mtp.*`` bytes.
 
-Writes the tiny V4 checkpoint (``dspark_demo/tiny_v4.py``) scaled up by its hidden and expert
-sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft, then loads
-the draft in a fresh process per way, side by side:
+Writes the tiny V4 checkpoint (``dspark_demo/checkpoints/deepseek_v4.py``) scaled up by its hidden
+and expert sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft,
+then loads the draft in a fresh process per way, side by side:
 
 - ``streamed``: the proposer's path, ``checkpoint_draft_tensors`` (one tensor read at a time);
 - ``dict``: the earlier path, every ``mtp.*`` tensor taken from vLLM's safetensors iterator
@@ -47,7 +49,7 @@ def _rchar() -> int:
 
 def write_checkpoint(model_dir: Path, hidden_size: int, moe_intermediate_size: int) -> int:
     """The scaled tiny V4 checkpoint (bf16); returns its ``mtp.*`` bytes."""
-    from dspark_demo import tiny_v4
+    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 
     config = {
         **tiny_v4.TINY_V4_CONFIG,

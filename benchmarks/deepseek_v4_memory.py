@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Memory of the DeepSeek-V4-Flash DSpark draft: as vLLM loads it vs as the checkpoint ships it.
 
 Builds the draft exactly as the proposer does (vLLM's DeepSeek-V4 MoE, quantised linears and

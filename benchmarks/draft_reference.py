@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Plain-torch forward of DeepSpec-format Qwen3 block drafts (DSpark and DFlash).
 
 Written from vLLM's conventions so that a draft trained or scored here means the
@@ -17,6 +19,11 @@ same thing inside the engine:
   j >= 1 predicts its own position a+1+j; no Markov head.
 
 Either way prediction i (0-based) is for position a+2+i, where c sits at a+1.
+
+The engine tests check vLLM's drafts against a second reference on purpose
+(``tests/engine/test_dspark_reference.py``): float64, one block at a time, derived from
+DeepSpec's code rather than from this module, so that the two agree only if both read the
+checkpoint as DeepSpec does.
 """
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Greedy against probabilistic DSpark drafts at temperature 1, side by side on the CPU engine.
 
     .venv/bin/python -m benchmarks.draft_sampling [--repeats 3] [--concurrency 4]
@@ -18,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config
 
 K = 4
@@ -26,17 +28,17 @@ METHODS = ("greedy", "probabilistic")
 
 
 def build_pairs(root: Path) -> dict[str, tuple[Path, Path]]:
-    bigram_target = tiny_models.build_qwen3_target(root / "bigram-target", kind="bigram")
-    bigram_spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    bigram_draft = tiny_models.save_dspark_draft(
+    bigram_target = qwen3.build_qwen3_target(root / "bigram-target", kind="bigram")
+    bigram_spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+    bigram_draft = qwen3.save_dspark_draft(
         root / "bigram-draft",
         bigram_spec,
-        tiny_models.bigram_dspark_weights(bigram_spec, bigram_target),
+        qwen3.bigram_dspark_weights(bigram_spec, bigram_target),
         bigram_target,
     )
-    random_target = tiny_models.build_qwen3_target(root / "random-target")
-    random_draft = tiny_models.save_dspark_draft(
-        root / "random-draft", tiny_models.DSparkDraftSpec(), target=random_target
+    random_target = qwen3.build_qwen3_target(root / "random-target")
+    random_draft = qwen3.save_dspark_draft(
+        root / "random-draft", qwen3.DSparkDraftSpec(), target=random_target
     )
     return {"bigram": (bigram_target, bigram_draft), "random": (random_target, random_draft)}
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What one draft step costs, counted instead of timed: the same numbers on every run.
 
     .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4] [--families paged ring]
@@ -47,14 +49,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from dspark_demo.engine import TinyEngine
-from dspark_demo.tiny_models import (
+from dspark_demo.checkpoints.qwen3 import (
     DSparkDraftSpec,
     build_qwen3_target,
     random_dspark_weights,
     save_dflash_draft,
     save_dspark_draft,
 )
+from dspark_demo.engine import TinyEngine
 
 GRAPH, EAGER = "graph", "eager"
 MEASURED_STEP = 3
@@ -272,7 +274,7 @@ def paged_engines(root: Path, k: int) -> Iterator[tuple[str, dict, Path]]:
 
 def ring_engine(root: Path, k: int) -> Iterator[tuple[str, dict, Path]]:
     """DSpark ring on the tiny DeepSeek-V4 target (its draft trained for block k)."""
-    from dspark_demo import tiny_v4
+    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
     from tests.engine_v4 import standins
 
     standins.install_standins()

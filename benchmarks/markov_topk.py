@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Markov top-k (``dspark_draft_topk``) against the full chain, side by side on this CPU.
 
     .venv/bin/python -m benchmarks.markov_topk [--vocab 32768] [--rank 256] [--topk 64]

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Cost of one draft step on the paged path, side by side: DSpark's
 ``DSparkPagedProposer.propose`` vs upstream's ``DFlashProposer.propose``.
 

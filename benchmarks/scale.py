@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Real sizes on the paged draft context: a 131072-token x 256-sequence engine on a 2 GiB
 CPU KV budget decodes as fast as a 2048 x 8 one.
 
@@ -21,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config
 
 SHAPES = {"large": (131072, 256), "small": (2048, 8)}  # max_model_len, max_num_seqs
@@ -30,10 +32,10 @@ PROMPT_LEN = 64
 
 
 def build(root: Path) -> tuple[Path, Path]:
-    geometry = tiny_models.WIDE_KV
-    target = tiny_models.build_qwen3_target(root / "target", geometry=geometry)
-    spec = tiny_models.DSparkDraftSpec(geometry=geometry)
-    return target, tiny_models.save_dspark_draft(root / "draft", spec, target=target)
+    geometry = qwen3.WIDE_KV
+    target = qwen3.build_qwen3_target(root / "target", geometry=geometry)
+    spec = qwen3.DSparkDraftSpec(geometry=geometry)
+    return target, qwen3.save_dspark_draft(root / "draft", spec, target=target)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DSpark against a matched no-speculation server, side by side from `vllm bench serve` results.
 
     python benchmarks/serve_summary.py results/dspark results/plain

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Per-step bookkeeping cost of SlotTable vs the reference recipe's `_row_to_slot`.
 
 Both mappings see the same pre-generated workload: a full batch of `B` requests (max_num_seqs = B)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Train a tiny DSpark (or DFlash) draft on the tiny target's own greedy text.
 
 Random drafts are never accepted, so they cannot reveal a wrong position offset or
@@ -26,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap, TorchBlockDraft
-from dspark_demo.tiny_models import (
+from dspark_demo.checkpoints.qwen3 import (
     HEAD_DIM,
     NOISE_TOKEN_ID,
     NUM_HEADS,

@@ -71,6 +71,7 @@ ENV DSPARK_HOST=0.0.0.0 \
 WORKDIR /opt/dspark
 COPY install.py ./
 COPY installer/ installer/
+COPY dspark_common/ dspark_common/
 COPY recipe/pins.yaml recipe/
 COPY overlay/ overlay/
 COPY patches/ patches/
@@ -88,6 +89,9 @@ RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
     && chmod -R g=u /var/cache/dspark /run/dspark
 
 COPY docker/entrypoint.sh docker/healthcheck.py docker/
+# The GPU self-test (python3 -m tools.gpu_selftest, run by dspark-launch preflight) and the tiny
+# checkpoint builders and engine harness its engine checks use.
+COPY dspark_demo/ dspark_demo/
 
 # Torch extensions and FlashInfer JIT-compile for B200 (sm_100a), B300 (sm_103a) and RTX PRO 6000
 # (sm_120a): "a" code runs only on exactly its architecture, so each needs its own entry. CuTe
@@ -99,12 +103,13 @@ ENV TORCH_CUDA_ARCH_LIST="10.0a 10.3a 12.0a" \
     CUTE_DSL_ARCH="${CUTE_DSL_ARCH}"
 
 # Prove the GPU code before the image is tagged: the JIT arch lists above cover every target,
-# and torch, vLLM's _C/_moe_C and FlashInfer carry machine code or PTX for each (else the build
-# fails naming the binary). ARCH_LISTING_JSON stands in for the binaries' listing; only the CPU
-# stand-in test sets it (its base has no CUDA binaries). docs/docker.md.
+# and torch, vLLM's core and MoE extensions (found by role in its RECORD) and FlashInfer carry
+# machine code or PTX for each (else the build fails naming the binary). ARCH_LISTING_JSON
+# stands in for vLLM's RECORD and the binaries' listing; only the CPU stand-in test sets it (its
+# base carries vLLM's CPU build). docs/docker.md.
 ARG GPU_TARGETS="sm_100 sm_103 sm_120"
 ARG ARCH_LISTING_JSON=""
-COPY tools/gpu_selftest.py tools/
+COPY tools/ tools/
 # cuobjdump lists the .so files' code; the CUDA base images carry NVIDIA's apt repository, whose
 # cuda-cuobjdump-X-Y package matches the image's CUDA_VERSION (unset on the CPU stand-in).
 # hadolint ignore=DL3008

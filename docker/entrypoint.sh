@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # Container entrypoint: `vllm serve` with the user's arguments, then the image's bind address.
 #
 # The user's arguments come first and unchanged: vLLM wants the model as the first argument after
@@ -41,8 +43,8 @@ refuse_bind_option() {
     fi
 }
 
-# The top-level keys of a `--config` YAML file: vLLM turns each KEY into an option --KEY. Read
-# with the project's bounded YAML reader (installer/safe_yaml.py, beside this script's directory).
+# The top-level keys of a `--config` YAML file: vLLM turns each KEY into an option --KEY. Read with
+# the bounded YAML reader (dspark_common/safe_yaml.py, in the directory above this script's).
 project_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 config_keys() {
     python3 - "$project_dir" "$1" <<'PYTHON'
@@ -50,7 +52,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])
-from installer.safe_yaml import YamlError, cut, load_mapping
+from dspark_common.safe_yaml import YamlError, cut, load_mapping
 
 try:
     config = load_mapping(Path(sys.argv[2]))

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Docker HEALTHCHECK for the DSpark images: probe vLLM's /health where the entrypoint binds it.
 
 The address comes from DSPARK_HOST/DSPARK_PORT, the same variables the entrypoint passes to

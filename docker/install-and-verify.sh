@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # Install the DSpark overlay into a Python environment's vLLM and prove that it took.
 #
 # Every image build runs exactly this script (docker/*.Dockerfile), and CI runs it against the CPU

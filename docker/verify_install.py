@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Prove that install.py left a complete DSpark install in a vLLM tree: the last step of
 docker/install-and-verify.sh, and so of every image build.
 
@@ -8,16 +10,17 @@ Checks, each failing with a message that names the problem:
 The module list comes from the installer's own reader of recipe/pins.yaml, so it is never copied.
 
 With `--architectures "sm_121"` it instead proves the image's GPU code: the build's JIT arch
-lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) cover every target, and torch, vLLM's
-`_C`/`_moe_C` and FlashInfer carry machine code or PTX for each (tools/gpu_selftest.py's
-listing and rules: torch's compiled arch flags, `cuobjdump --list-elf/--list-ptx` of the
-`.so` files). `--listing-json` replaces the binaries' listing: the CPU stand-in build, which has
-no CUDA binaries, passes a fake one (tests/docker).
+lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) cover every target; the installed vLLM is
+a CUDA build whose RECORD lists its core and MoE extensions (by role: `_C*`, `_moe_C*`); and
+torch, each of those extensions and FlashInfer carry machine code or PTX for each target
+(`tools/gpu_selftest/architectures.py`: torch's compiled arch flags, `cuobjdump --list-elf/
+--list-ptx` of the `.so` files). `--listing-json` replaces vLLM's RECORD and the binaries'
+listing: the CPU stand-in build, whose vLLM is the CPU build, passes one made from the vLLM
+0.33.0 wheel's RECORD (tests/docker).
 """
 
 import argparse
 import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,7 +30,8 @@ from pathlib import Path, PurePosixPath
 
 from packaging.version import Version
 
-# The project root (/opt/dspark in an image), for the installer package.
+# The project root (/opt/dspark in an image), for the installer and tools packages, ahead of
+# any other package of those names on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from installer.errors import InstallerError
 from installer.pins import load as load_pins
@@ -98,45 +102,58 @@ def import_from_tree(modules: list[str], vllm_dir: Path) -> None:
             raise VerifyError(f"{name} was imported from {origin}, outside {vllm_dir}")
 
 
-def load_selftest():
-    """tools/gpu_selftest.py by path (copied into the image after the install step), so no
-    other `tools` package on sys.path can shadow it."""
-    path = PROJECT / "tools" / "gpu_selftest.py"
-    spec = importlib.util.spec_from_file_location("gpu_selftest", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def listed_build(listing_json: str):
+    """The vLLM build and binaries' listing of `--listing-json`: {"name", "version", "files" (the
+    RECORD's paths), "binaries" ({path: {"sass": [...], "ptx": [...]}})}."""
+    from tools.gpu_selftest.architectures import VllmBuild
+
+    try:
+        given = json.loads(listing_json)
+        build = VllmBuild(given["name"], given["version"], list(given["files"]), None)
+        return build, dict(given["binaries"])
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise VerifyError(
+            f"--listing-json is not an object with name, version, files and binaries: {error!r}"
+        ) from None
 
 
 def check_architectures(targets_text: str, listing_json: str) -> str:
-    """Refuse an image whose arch lists or binaries have no code for a target architecture."""
-    gpu_selftest = load_selftest()
+    """Refuse an image whose arch lists, vLLM build or binaries have no code for a target."""
+    from tools.gpu_selftest import architectures as arch
+
     targets = []
     for token in targets_text.split():
-        parsed = gpu_selftest.parse_arch(token)
+        parsed = arch.parse_arch(token)
         if parsed is None:
             raise VerifyError(f"--architectures: {token!r} is not an architecture like sm_121")
         targets.append(parsed[:2])
     problems = []
     for name in ("TORCH_CUDA_ARCH_LIST", "FLASHINFER_CUDA_ARCH_LIST"):
-        problems += gpu_selftest.jit_list_problems(name, os.environ.get(name, ""), targets)
-    try:
-        listing = json.loads(listing_json) if listing_json else gpu_selftest.collect_listing()
-    except json.JSONDecodeError as error:
-        raise VerifyError(f"--listing-json is not JSON: {error}") from None
+        problems += arch.jit_list_problems(name, os.environ.get(name, ""), targets)
+    if listing_json:
+        build, listing = listed_build(listing_json)
+    else:
+        try:
+            build = arch.VllmBuild.installed()
+        except LookupError as error:
+            raise VerifyError(f"no vLLM to check: {error}") from None
+        listing = arch.collect_listing(build)
+    roles, build_problems = arch.extension_problems(build)
+    if build_problems:
+        raise VerifyError("; ".join(problems + build_problems))
     verdicts = {}
     for target in targets:
-        verdicts[target], missing = gpu_selftest.architecture_problems(
-            listing, target, require_vllm=True
+        verdicts[target], missing = arch.architecture_problems(
+            listing, target, roles, require_listed=True
         )
-        arch = gpu_selftest.format_arch(target)
-        problems += [f"{name} carries no machine code or PTX for {arch}" for name in missing]
+        name = arch.format_arch(target)
+        problems += [f"{binary} carries no machine code or PTX for {name}" for binary in missing]
     if problems:
         raise VerifyError("; ".join(problems))
+    required = ["torch", *(path for paths in roles.values() for path in paths)]
     return "; ".join(
-        f"{gpu_selftest.format_arch(target)}: "
-        + ", ".join(f"{name} {v}" for name, v in sorted(found.items()) if v != "none")
+        f"{arch.format_arch(target)}: "
+        + ", ".join(f"{binary} {found[binary]}" for binary in required)
         for target, found in verdicts.items()
     )
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The published DeepSeek-V4-Flash config: one source for the tiny V4 target, the memory
 benchmark and the launcher's serving-flag tests.
 

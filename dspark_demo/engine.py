@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny-engine harness: a real in-process vLLM CPU engine over tiny local models.
 
 One harness for the tests, the demo and the benchmarks. Engines run in-process
@@ -295,7 +297,8 @@ def read_draft_log(
 ) -> dict[str, dict[int, dict[str, Any]]]:
     """One tensor-parallel rank's ``dspark_draft_log`` records by request
     (prompt index) and anchor position. The engine suffixes request ids
-    (``"3-9a1b"``); the prefix is the prompt's index in the ``generate`` call.
+    (``"3-9a1b"``); the prefix is the prompt's index in the ``generate`` call. Start records
+    (one per process that opened the log) are skipped.
 
     An anchor logged twice keeps its last record, or with ``first`` its first: a preempted
     request's resumed prefill drafts again from anchors it decoded from before, and the
@@ -303,7 +306,7 @@ def read_draft_log(
     by_request: dict[str, dict[int, dict[str, Any]]] = collections.defaultdict(dict)
     for line in path.read_text().splitlines():
         record = json.loads(line)
-        if record["rank"] == rank:
+        if record.get("event") != "start" and record["rank"] == rank:
             records = by_request[record["req_id"].rsplit("-", 1)[0]]
             if not (first and record["anchor"] in records):
                 records[record["anchor"]] = record

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Count the aten ops that make the host wait for the device on a GPU.
 
 On a CPU run nothing waits, but the same ops still pass through the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Build the DeepSeek-V4 DSpark draft exactly as the proposer does, outside an engine.
 
 The draft needs a ``VllmConfig`` for the target (vLLM's MoE and linear layers read it) and vLLM's

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The installer's modes: install, dry run, status and uninstall, each under the tree lock.
 
 Every mode except the dry run first repairs what a killed run left behind, so a half-patched
@@ -44,7 +46,10 @@ def install(tree: VllmTree, project: Path, dry_run: bool) -> ExitCode:
         else:
             commit(tree, store, plan, "install")
             _print_plan(plan, dry_run=False)
-            print(f"installed DSpark into vLLM {tree.version} at {tree.package_dir}")
+            print(
+                f"installed dspark-vllm {manifest.project_version} into vLLM {tree.version} at "
+                f"{tree.package_dir}"
+            )
         status = evaluate(tree, manifest, store.read_record(), interrupted=False)
         print(f"digest: {status.digest}")
         return status.exit_code
@@ -77,7 +82,7 @@ def status(tree: VllmTree, project: Path) -> Status:
     with tree_lock(tree):
         try:
             _repair(tree, store)
-            failure = ()
+            failure: tuple[str, ...] = ()
         except RollbackFailed as error:
             failure = (str(error),)
         status = evaluate(
@@ -91,7 +96,9 @@ def status(tree: VllmTree, project: Path) -> Status:
 
 def load_manifest(tree: VllmTree, project: Path) -> Manifest:
     pins = pins_module.load(project)
-    version_pins = pins.for_tree(tree.version, tree.dist_info.name if tree.dist_info else None)
+    version_pins = pins.for_tree(
+        tree.version, tree.dist_info.name if tree.dist_info else None, tree.has_v1_runner
+    )
     return manifest_module.build(project, pins, version_pins)
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Exit codes and the errors that carry them, so every failure maps to one documented code."""
 
 from enum import IntEnum

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Test hooks that break the installer at its N-th durable step, to prove crash recovery.
 
 - DSPARK_INSTALL_KILL_AT=N: the process exits abruptly (os._exit, like SIGKILL: no cleanup, no

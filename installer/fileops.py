@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Durable file operations: same-directory temp file, fsync, os.replace, fsync of the directory.
 
 A reader (or a crash) sees either the old or the new bytes of a file, never a mix.

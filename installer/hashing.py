@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The two digest spellings the installer compares: pins use hex, wheel RECORD files base64."""
 
 import base64

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What one vLLM version gets: the pinned patches parsed and the overlay files read, plus a
 digest that changes whenever any of it changes (so an older install is detected as outdated)."""
 
@@ -8,6 +10,7 @@ from pathlib import Path
 from installer.hashing import sha256_hex
 from installer.pins import PatchPin, Pins, PinsError, VersionPins
 from installer.unified_diff import FilePatch, PatchError, parse
+from installer.vllm_tree import version_assigned_in
 
 
 @dataclass(frozen=True)
@@ -22,12 +25,18 @@ class OverlayFile:
     data: bytes
 
 
+VERSION_MODULE = "vllm/v1/spec_decode/dspark/__init__.py"
+"""The overlay module whose ``__version__`` is the project's release."""
+
+
 @dataclass(frozen=True)
 class Manifest:
     version: str
     patches: tuple[PatchedFile, ...]
     overlay: tuple[OverlayFile, ...]
     digest: str
+    project_version: str | None = None
+    """dspark-vllm's release, from the overlay (``VERSION_MODULE``)."""
 
     def patched_targets(self) -> dict[str, tuple[str, str]]:
         """Each patched file's hash before its first patch and after its last one."""
@@ -57,7 +66,10 @@ def build(project: Path, pins: Pins, version_pins: VersionPins) -> Manifest:
         "overlay": [{"path": file.path, "sha256": sha256_hex(file.data)} for file in overlay],
     }
     digest = sha256_hex(json.dumps(identity, sort_keys=True).encode())
-    return Manifest(version_pins.version, patches, overlay, digest)
+    release = next(
+        (version_assigned_in(f.data.decode()) for f in overlay if f.path == VERSION_MODULE), None
+    )
+    return Manifest(version_pins.version, patches, overlay, digest, release)
 
 
 def _read_patch(project: Path, pin: PatchPin) -> PatchedFile:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """recipe/pins.yaml: the vLLM versions the installer supports and the hashes it may patch.
 
 The file is edited by `tools/refresh_pins.py`; validation here is strict so that a hand edit that
@@ -7,12 +9,15 @@ breaks it fails before any tree is touched.
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TypeVar
 
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from dspark_common.safe_yaml import YamlError, load_mapping
 from installer.errors import BadTarget, InstallerError, Refused
-from installer.safe_yaml import YamlError, load_mapping
+
+_T = TypeVar("_T", list, dict)
 
 PINS_FILE = Path("recipe") / "pins.yaml"
 SCHEMA = 1
@@ -46,8 +51,11 @@ class Pins:
     overlay: tuple[str, ...]  # paths under overlay/, e.g. "vllm/v1/spec_decode/dspark/ring.py"
     versions: tuple[VersionPins, ...]
 
-    def for_tree(self, version: str, distribution: str | None) -> VersionPins:
-        """The pins for a tree's version; refuse versions and wheels the project does not know."""
+    def for_tree(
+        self, version: str, distribution: str | None, has_v1_runner: bool = True
+    ) -> VersionPins:
+        """The pins for a tree's version; refuse versions and wheels the project does not know,
+        saying that the V2 lane needs no install there."""
         try:
             public = Version(Version(version).public)
         except InvalidVersion as error:
@@ -62,9 +70,18 @@ class Pins:
                     f"wheels for {pins.version} are {', '.join(pins.distributions)}."
                 )
             return pins
+        v2_lane = (
+            "the V2 lane (upstream vLLM's DSpark, VLLM_USE_V2_MODEL_RUNNER=1) needs no install "
+            "(docs/lanes.md). Nothing was changed."
+        )
+        if not has_v1_runner:
+            raise Refused(
+                f"vLLM {version} has no V1 model runner, so this project's V1 lane is "
+                f"unavailable there; {v2_lane}"
+            )
         raise Refused(
-            f"vLLM {version} is not supported: this project pins vLLM {supported}. Install one of "
-            f"those versions, or use a project revision that supports {version}."
+            f"vLLM {version} is not supported: this project pins vLLM {supported}, so its V1 "
+            f"lane is unavailable on {version}; {v2_lane}"
         )
 
 
@@ -168,7 +185,7 @@ def _parse_patch(entry: object, version: str, project: Path) -> PatchPin:
     )
 
 
-def _typed(document: dict, key: str, kind: type, where: str) -> list | dict:
+def _typed(document: dict, key: str, kind: type[_T], where: str) -> _T:
     """`document[key]` (None: empty) when it is a `kind`; a TypeError naming it otherwise."""
     value = document[key]
     if value is None:

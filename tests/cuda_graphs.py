@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """CUDA graphs on CPU: vLLM's sizing with the values a CUDA host starts from, and a stand-in for
 vLLM's graph wrapper that runs the captured function.
 

@@ -1,9 +1,13 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Helpers shared by the test folders (imported as ``tests.helpers``)."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import socket
+import subprocess
 from pathlib import Path
 
 
@@ -31,6 +35,21 @@ def vllm_cli_shim(root: Path) -> str | None:
         f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"
     )
     return str(dist_info.parent)
+
+
+def start_probe(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen:
+    """Start a probe script: one that prints its findings as JSON on a line `PROBE {...}`."""
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd
+    )
+
+
+def probe_report(process: subprocess.Popen, timeout_s: float = 900) -> dict:
+    """The JSON of a probe's last `PROBE` line; a probe that fails shows its stderr's tail."""
+    stdout, stderr = process.communicate(timeout=timeout_s)
+    lines = [line for line in stdout.splitlines() if line.startswith("PROBE ")]
+    assert process.returncode == 0 and lines, stderr[-3000:]
+    return json.loads(lines[-1].removeprefix("PROBE "))
 
 
 def replace_file(path: Path, data: bytes) -> None:

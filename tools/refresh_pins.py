@@ -1,4 +1,6 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Rewrite recipe/pins.yaml from the patches and overlay files in this checkout.
 
 For every version listed in recipe/pins.yaml:

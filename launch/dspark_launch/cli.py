@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """`dspark-launch`: command line, configuration loading and exit codes."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Errors that end a launcher command, each with the exit code the command returns."""
 
 from enum import IntEnum

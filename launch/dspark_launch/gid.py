@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Resolve NCCL_IB_GID_INDEX on one node: the RoCE v2 GID that carries the node's IPv4 address.
 
 GID indexes differ between nodes and move after reboots, so the launcher resolves them on each

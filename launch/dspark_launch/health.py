@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """HTTP checks against the head's OpenAI-compatible API (no proxies: the target is ours)."""
 
 from __future__ import annotations

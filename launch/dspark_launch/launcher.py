@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The launcher's commands: preflight, start, stop, status, logs.
 
 Order of `start`: refuse if ranks already exist, check both nodes, ship each rank's env file,
@@ -11,17 +13,22 @@ import json
 import time
 
 from dspark_launch import serving_flags
+from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
-from dspark_launch.nodes import REPO_ROOT, ContainerRank, LocalRank, Rank, Shell
+from dspark_launch.lanes import V1, runner_args
+from dspark_launch.local_rank import LocalRank
+from dspark_launch.nodes import Rank
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
+from dspark_launch.shell import Shell
 from dspark_launch.site import HEAD, WORKER, Node, Site
 
 LOG_LINES_ON_FAILURE = 40
-SELFTEST = REPO_ROOT / "tools" / "gpu_selftest.py"
-SELFTEST_TIMEOUT_S = 900
+SELFTEST_MODULE = "tools.gpu_selftest"
+# Its engine checks start real engines on CUDA (each up to 600 s); not measured on a GPU.
+SELFTEST_TIMEOUT_S = 1800
 
 
 class Launcher:
@@ -90,9 +97,11 @@ class Launcher:
             )
 
     def _check_install(self) -> None:
-        """Both ranks must run identically patched vLLM; DSpark needs the patch installed."""
-        required = self.profile.speculative.method == "dspark"
+        """Both ranks must run identically patched vLLM; DSpark on the V1 lane needs the patch
+        installed (the V2 lane is upstream's DSpark, which needs no install)."""
+        required = self.profile.speculative.method == "dspark" and self.site.lane == V1
         self._step("install.py --status on both nodes" + ("" if required else " (informational)"))
+        fine = "fine for speculative: none" if self.site.lane == V1 else "the V2 lane needs none"
         statuses = {}
         for role, rank in self.ranks.items():
             result = rank.install_status()
@@ -109,7 +118,7 @@ class Launcher:
                 )
                 if required:
                     raise LaunchError(f"{message}; run install.py (see docs/installer.md)")
-                self.runner.say(f"    note: {message}; fine for speculative: none")
+                self.runner.say(f"    note: {message}; {fine}")
         digests = {role: status.get("digest") for role, status in statuses.items()}
         if digests and digests[HEAD] != digests[WORKER]:
             raise LaunchError(
@@ -132,13 +141,16 @@ class Launcher:
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
 
     def _run_selftest(self) -> None:
-        """tools/gpu_selftest.py in each rank's runtime; every node's verdict is printed."""
+        """`python -m tools.gpu_selftest` in each rank's runtime, for the site file's lane;
+        every node's verdict is printed."""
         self._step("GPU self-test on both nodes (start --skip-selftest skips it)")
+        args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
+        args += runner_args(self.site.lane)
         failed = []
         for role, rank in self.ranks.items():
-            args = ["--json", "--max-num-seqs", str(self.profile.max_num_seqs)]
-            report = rank.shell.run_script(
-                SELFTEST, args, rank.runtime_python, timeout_s=SELFTEST_TIMEOUT_S
+            report = rank.shell.run_json(
+                [*rank.project_python, "-m", SELFTEST_MODULE, *args],
+                timeout_s=SELFTEST_TIMEOUT_S,
             )
             if self.runner.dry_run:
                 continue

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Read-only checks run on each node: model snapshot present, TCP ports free.
 
 Stdlib only: the launcher runs this file as `python3 - CHECK ARGS...` on the worker with the

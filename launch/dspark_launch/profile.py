@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Serving profiles (`recipe/profiles/*.yaml`): what to serve and how, identical on every rank.
 
 Values that must agree across ranks (model, revision, parallelism, speculative config) live only
@@ -7,12 +9,14 @@ here, so one rendering feeds both nodes; per-cluster values live in the site fil
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dspark_common.safe_yaml import cut, shown
 from dspark_launch.errors import ConfigError
+from dspark_launch.lanes import LANES, RUNNER_ENV, V1, V2, adaptive_verification_problem
 from dspark_launch.schema import Section, read_yaml
-from installer.safe_yaml import cut, shown
 
 PROFILES_DIR = Path(__file__).resolve().parents[2] / "recipe" / "profiles"
 SPECULATIVE_METHODS = ("dspark", "none")
@@ -68,7 +72,15 @@ MANAGED_ENV = (
     "TP_SOCKET_IFNAME",
     "DSPARK_HOST",
     "DSPARK_PORT",
+    RUNNER_ENV,
 )
+
+
+@dataclass(frozen=True)
+class Lane:
+    """What a lane adds to the profile; every other value is the same in both lanes."""
+
+    adaptive_verification: bool = False  # V2 only: vLLM trims each step's drafts on device
 
 
 @dataclass(frozen=True)
@@ -78,17 +90,19 @@ class Speculative:
     draft_sample_method: str
     draft_model: str | None  # None: the target checkpoint carries the DSpark head (DSV4)
 
-    def config_json(self) -> str | None:
+    def config_json(self, adaptive_verification: bool = False) -> str | None:
         """The `--speculative-config` value, serialized (never string-built: no injection)."""
         if self.method == "none":
             return None
-        config = {
+        config: dict[str, str | int | bool] = {
             "method": self.method,
             "num_speculative_tokens": self.num_speculative_tokens,
             "draft_sample_method": self.draft_sample_method,
         }
         if self.draft_model:
             config["model"] = self.draft_model
+        if adaptive_verification:
+            config["enable_adaptive_verification"] = True
         return json.dumps(config, separators=(",", ":"))
 
 
@@ -109,6 +123,8 @@ class Profile:
     start_order: str
     serve_args: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
+    lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane()})
+    compute_capability: tuple[str, ...] = ()
 
     @property
     def uses_hub_snapshot(self) -> bool:
@@ -186,8 +202,16 @@ def load_profile(path: Path) -> Profile:
             )
     env = top.string_map("env")
     for name in env:
+        if name == RUNNER_ENV:
+            raise top.error(f"env.{name}", "is set by the launcher from the site file's lane")
         if name in MANAGED_ENV:
             raise top.error(f"env.{name}", "is set by the launcher per node or from site secrets")
+    compute_capability = tuple(top.string_list("compute_capability"))
+    for capability in compute_capability:
+        if not re.fullmatch(r"\d{1,2}\.\d", capability):
+            raise top.error("compute_capability", f'{shown(capability)} is not like "12.1"')
+    cuda_graphs = top.boolean("cuda_graphs")
+    lanes = _lanes(top, method, compute_capability, cuda_graphs)
     profile = Profile(
         name=path.stem,
         model=model,
@@ -198,14 +222,45 @@ def load_profile(path: Path) -> Profile:
         max_model_len=top.integer("max_model_len", 16, 1 << 24),
         kv_cache_dtype=top.string("kv_cache_dtype", default="auto") or "auto",
         dtype=top.string("dtype", required=False),
-        cuda_graphs=top.boolean("cuda_graphs"),
+        cuda_graphs=cuda_graphs,
         speculative=speculative,
         nccl_roce=top.boolean("nccl_roce"),
         start_order=top.choice("start_order", START_ORDERS, default="worker-first"),
         serve_args=tuple(serve_args),
         env=env,
+        lanes=lanes,
+        compute_capability=compute_capability,
     )
     if profile.tensor_parallel_size % 2:
         raise top.error("tensor_parallel_size", "must be even: it is split over 2 nodes")
     top.finish()
     return profile
+
+
+def _lanes(
+    top: Section, method: str, compute_capability: tuple[str, ...], cuda_graphs: bool
+) -> dict[str, Lane]:
+    """`lanes:` lists the lanes the profile serves (default: the V1 lane only); `v2_lane:`
+    holds what the V2 lane adds."""
+    names = top.string_list("lanes") or [V1]
+    for name in names:
+        if name not in LANES:
+            raise top.error("lanes", f"must list some of {', '.join(LANES)}; got {shown(name)}")
+    if len(set(names)) != len(names):
+        raise top.error("lanes", "lists a lane twice")
+    settings = top.section("v2_lane", required=False)
+    if settings.has("adaptive_verification") and V2 not in names:
+        raise top.error("v2_lane", "is for the V2 lane, which lanes does not list")
+    adaptive = settings.boolean("adaptive_verification", default=False)
+    if adaptive:
+        problem: str | None
+        if method != "dspark":
+            problem = "is DSpark's: it needs speculative.method: dspark"
+        elif not cuda_graphs:
+            problem = "needs cuda_graphs: true (vLLM verifies adaptively in full CUDA graphs)"
+        else:
+            problem = adaptive_verification_problem(compute_capability)
+        if problem:
+            raise settings.error("adaptive_verification", problem)
+    settings.finish()
+    return {name: Lane(adaptive and name == V2) for name in names}

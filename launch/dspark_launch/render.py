@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Render what each rank runs: the `vllm serve` arguments and the environment file.
 
 Both ranks are rendered from the same profile by the same function, so everything that must
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dspark_launch.lanes import V1, runner_env
 from dspark_launch.profile import Profile
 from dspark_launch.schema import is_one_line
 from dspark_launch.site import HEAD, Node, Site
@@ -32,12 +35,14 @@ REDACTED = "<redacted>"
 
 @dataclass(frozen=True)
 class NodePlan:
-    """One rank: its `vllm serve` arguments and the environment its env file carries."""
+    """One rank: its `vllm serve` arguments and the environment its env file carries.
+    `lane` is the model runner serving DSpark; preflight's checks run for it."""
 
     node: Node
     serve_args: tuple[str, ...]
     env: dict[str, str]
     secret_keys: frozenset[str]
+    lane: str = V1
 
     def env_file_text(self, redact: bool = False) -> str:
         """`KEY=VALUE` lines, the format `docker run --env-file` reads (no quoting): it splits
@@ -83,7 +88,7 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
     ]
     if profile.dtype:
         args += ["--dtype", profile.dtype]
-    speculative = profile.speculative.config_json()
+    speculative = profile.speculative.config_json(profile.lanes[site.lane].adaptive_verification)
     if speculative:
         args += ["--speculative-config", speculative]
     if not profile.cuda_graphs:
@@ -97,7 +102,7 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
 
 
 def node_env(profile: Profile, site: Site, node: Node, gid_index: str | None) -> dict[str, str]:
-    env = dict(profile.env)
+    env = {**runner_env(site.lane), **profile.env}
     env["VLLM_HOST_IP"] = node.address
     if profile.nccl_roce:
         socket_ifname = node.gloo_socket_ifname or node.nccl_socket_ifname or ""
@@ -127,6 +132,7 @@ def plan_node(profile: Profile, site: Site, node: Node, gid_index: str | None = 
         serve_args=serve_args(profile, site, node),
         env=node_env(profile, site, node, gid_index),
         secret_keys=frozenset({"HF_TOKEN", "VLLM_API_KEY"}),
+        lane=site.lane,
     )
 
 

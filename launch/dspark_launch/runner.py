@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Run external commands, or print them under --dry-run.
 
 Every command the launcher runs goes through `Runner.run`, so `--dry-run` prints exactly the

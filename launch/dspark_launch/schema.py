@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Strict reading of the launcher's YAML files: every error names the file and the key.
 
 The reference recipe's env files ran garbage when saved with a BOM or CRLF line endings, and
@@ -11,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from dspark_common.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
 from dspark_launch.errors import ConfigError
-from installer.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
 
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
 """Every character `str.splitlines()` splits on. A value holding one would read back as two

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Serving flags checked against vLLM's own rules for the checkpoint being served.
 
 Runs where the serving vLLM is installed (the image, or the local venv): the launcher pipes this
@@ -65,7 +67,11 @@ def resolve_quantization(config: dict, quantization: str | None) -> str | None:
     )
 
     hf_config = SimpleNamespace(**config)
-    quant_cfg = ModelArchConfigConvertorBase._normalize_quantization_config(None, hf_config)
+    # vLLM's own rules, called on stand-ins of the objects they read (nothing is loaded).
+    quant_cfg = ModelArchConfigConvertorBase._normalize_quantization_config(
+        None,  # type: ignore[arg-type]
+        hf_config,
+    )
     model = SimpleNamespace(
         quantization=quantization,
         model_arch_config=SimpleNamespace(quantization_config=quant_cfg),
@@ -73,7 +79,7 @@ def resolve_quantization(config: dict, quantization: str | None) -> str | None:
         allow_deprecated_quantization=False,
     )
     try:
-        ModelConfig._verify_quantization(model)
+        ModelConfig._verify_quantization(model)  # type: ignore[arg-type]
     except ValueError as e:
         raise FlagError(f"--quantization: {e}") from None
     return model.quantization

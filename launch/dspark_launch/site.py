@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The site file: everything that differs per cluster (hosts, NICs, ports, paths, secrets).
 
 Validated completely before any command runs. Secrets are read into memory here and leave the
@@ -11,11 +13,12 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from dspark_common.safe_yaml import shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
+from dspark_launch.lanes import LANES, V1
 from dspark_launch.profile import Profile
 from dspark_launch.schema import Section, is_one_line, read_yaml
-from installer.safe_yaml import shown
 
 MODES = ("docker", "local")
 HEAD, WORKER = "head", "worker"
@@ -73,6 +76,7 @@ class Site:
     worker: Node
     secrets: Secrets
     nccl_passthrough: dict[str, str]
+    lane: str = V1  # which model runner serves DSpark (docs/lanes.md)
 
     @property
     def nodes(self) -> tuple[Node, Node]:
@@ -231,6 +235,7 @@ def load_site(path: Path) -> Site:
         secrets=secrets,
         # An empty value would mask NCCL's own config file, so empty means unset.
         nccl_passthrough={k: v for k, v in passthrough.items() if v.strip()},
+        lane=top.choice("lane", LANES, default=V1),
     )
     top.finish()
     return site
@@ -239,6 +244,11 @@ def load_site(path: Path) -> Site:
 def check_compatible(site: Site, profile: Profile) -> None:
     """Cross-file rules: what the profile needs from the site."""
     profile_name = profile.name
+    if site.lane not in profile.lanes:
+        raise ConfigError(
+            f"{site.path}: lane: profile {profile_name} serves the {', '.join(profile.lanes)} "
+            f"lane(s), not {site.lane} (docs/lanes.md)"
+        )
     if not profile.uses_hub_snapshot and site.mode == "docker":
         raise ConfigError(
             f"{site.path}: mode: docker serves hub snapshots from hf_home, but profile "

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures that start real local vLLM OpenAI servers on tiny CPU models."""
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.tiny_models import build_qwen3_target
+from dspark_demo.checkpoints.qwen3 import build_qwen3_target
 from tests.helpers import free_port
 
 SERVER_ENV = {

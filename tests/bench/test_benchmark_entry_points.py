@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every benchmark the docs name starts: it imports and its ``--help`` prints usage.
 
 The benchmarks run by hand, outside the test suite, so a module that no longer imports (a
@@ -34,6 +36,7 @@ def test_benchmark_prints_its_usage(name, monkeypatch, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
+@pytest.mark.engine
 def test_side_by_side_fast_mode_times_interleaved_windows(tmp_path):
     """A tiny run of the side-by-side benchmark on the real engine: every engine
     gets one window per round, the oracle drafts are all accepted (tau = k + 1),
@@ -63,6 +66,7 @@ def test_side_by_side_fast_mode_times_interleaved_windows(tmp_path):
         assert row["dspark_over_dflash"]["median"] == pytest.approx(statistics.median(want))
 
 
+@pytest.mark.engine
 def test_gemma4_pair_runs_a_qwen3_dflash_draft(tmp_path):
     """The Gemma-4 row's DFlash draft (``save_gemma4_dflash_draft``, upstream's
     Qwen3 DFlash architecture over the Gemma-4 target's taps) runs in vLLM V1
@@ -78,6 +82,7 @@ def test_gemma4_pair_runs_a_qwen3_dflash_draft(tmp_path):
     assert dflash["by_concurrency"]["2"]["outputs_equal_nospec"] is True
 
 
+@pytest.mark.engine
 def test_proposer_overhead_fast_mode_times_both_proposers(tmp_path):
     """A tiny run of the per-step benchmark: both proposers' steady-state steps
     are timed each round, the shared network is a part of each step, and the
@@ -96,6 +101,7 @@ def test_proposer_overhead_fast_mode_times_both_proposers(tmp_path):
     assert len(report["ratios"][2]["propose"]["per_round"]) == 2
 
 
+@pytest.mark.engine
 def test_draft_step_cost_counts_each_step_of_both_paged_proposers(tmp_path):
     """A tiny run of the counted-cost benchmark: a steady-state step of each paged proposer is
     counted, the graph and eager parts both hold ops, a step's op counts do not depend on the

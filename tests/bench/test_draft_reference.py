@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The plain-torch block draft keeps vLLM's conventions: taps, masks, positions."""
 
 from __future__ import annotations
@@ -7,7 +9,7 @@ import torch
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap
 from benchmarks.train_tiny_drafter import Corpus, make_draft, simulate_acceptance
-from dspark_demo.tiny_models import (
+from dspark_demo.checkpoints.qwen3 import (
     HIDDEN_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,

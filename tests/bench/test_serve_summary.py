@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """`vllm bench serve` against real local vLLM servers, summarised by benchmarks/serve_summary.py;
 the summariser's pairing and refusals on small result files."""
 
@@ -48,7 +50,7 @@ def bench_results(tiny_servers, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc
 def test_summary_of_real_vllm_bench_serve_runs(bench_results, capsys):
     spec_dir, plain_dir = bench_results / "spec", bench_results / "plain"
     assert serve_summary.main([str(spec_dir), str(plain_dir)]) == 0

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A briefly trained draft is accepted as often inside vLLM as the plain-torch replay
 predicts. A wrong position offset, feature tap or context mask on either side makes
 the two disagree (or the engine's acceptance collapse), which random drafts,

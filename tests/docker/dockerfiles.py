@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A small reader of the project's Dockerfiles, enough to check what they pin, set and copy."""
 
 import os
@@ -15,21 +17,51 @@ DOCKERFILES = {
     "spark": REPO / "docker" / "spark.Dockerfile",
     "blackwell": REPO / "docker" / "blackwell.Dockerfile",
 }
-# Binary listings the CPU stand-in builds pass as ARCH_LISTING_JSON (the stand-in has no CUDA
-# binaries); test_docker_arch_verify.py shows the step fails when a target is dropped from them.
-FAKE_LISTINGS = {
+VLLM_033_DIST_INFO = REPO / ".cache" / "vllm-0.33.0" / "vllm-0.33.0.dist-info"
+# Machine code per image, by vLLM extension role and for torch and FlashInfer, that the CPU
+# stand-in builds pass as ARCH_LISTING_JSON (the stand-in's vLLM is the CPU build);
+# test_docker_arch_verify.py shows the step fails when a target or a role is dropped.
+FAKE_CODE = {
     "spark": {
         "torch": {"sass": ["sm_121a"], "ptx": []},
-        "vllm/_C.abi3.so": {"sass": ["sm_120"], "ptx": []},
-        "vllm/_moe_C.abi3.so": {"sass": ["sm_121a"], "ptx": []},
+        "core": {"sass": ["sm_120"], "ptx": []},
+        "moe": {"sass": ["sm_121a"], "ptx": []},
         "flashinfer/flashinfer_kernels.so": {"sass": [], "ptx": ["compute_90"]},
     },
     "blackwell": {
         "torch": {"sass": ["sm_100a", "sm_103a", "sm_120a"], "ptx": []},
-        "vllm/_C.abi3.so": {"sass": ["sm_100", "sm_120"], "ptx": []},
-        "vllm/_moe_C.abi3.so": {"sass": ["sm_100f", "sm_120"], "ptx": []},
+        "core": {"sass": ["sm_100", "sm_120"], "ptx": []},
+        "moe": {"sass": ["sm_100f", "sm_120"], "ptx": []},
     },
 }
+# Extensions built for one architecture on purpose: listed, never required.
+OTHER_EXTENSION_CODE = {"sass": ["sm_90a"], "ptx": []}
+
+
+def vllm_033_record() -> tuple[str, str, list[str]]:
+    """(name, version, the RECORD's `.so` paths) of the vLLM 0.33.0 wheel setup unpacked."""
+    from importlib.metadata import PathDistribution
+
+    if not VLLM_033_DIST_INFO.is_dir():
+        pytest.fail(f"{VLLM_033_DIST_INFO} is missing: run scripts/setup-cpu-env.sh")
+    dist = PathDistribution(VLLM_033_DIST_INFO)
+    files = [str(path) for path in dist.files or [] if str(path).endswith(".so")]
+    return dist.metadata["Name"], dist.version, files
+
+
+def fake_listing(name: str) -> dict:
+    """`--listing-json` for image `name`: the 0.33.0 wheel's RECORD, with each extension of a
+    role carrying that role's code and every other extension code for sm_90a only."""
+    from tools.gpu_selftest.architectures import extension_roles
+
+    dist_name, version, files = vllm_033_record()
+    code = FAKE_CODE[name]
+    roles = extension_roles(files)
+    binaries = {key: value for key, value in code.items() if key not in roles}  # torch, FlashInfer
+    for path in files:
+        role = next((role for role, paths in roles.items() if path in paths), None)
+        binaries[path] = code[role] if role else OTHER_EXTENSION_CODE
+    return {"name": dist_name, "version": version, "files": files, "binaries": binaries}
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The `vllm serve` arguments the two-node launcher gives each rank's container, rendered by the
 launcher itself (launch/dspark_launch/render.py) from a shipped profile and a docker-mode site."""
 

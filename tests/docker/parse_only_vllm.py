@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A `vllm` command for tests: vLLM's own CLI parses and validates `vllm serve ARGS`, then prints
 the parsed options as JSON instead of serving.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A CPU stand-in for the official vLLM image, built from the test environment in about a minute.
 
 The images start from `vllm/vllm-openai`, a CUDA image no CPU machine can run. The stand-in has

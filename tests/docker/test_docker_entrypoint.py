@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The image entrypoint, run for real with a recording `vllm` in place of vLLM on PATH."""
 
 import json
@@ -213,7 +215,7 @@ def test_unreadable_config_file_is_a_one_line_error(fake_vllm, tmp_path, yaml_te
     ],
 )
 def test_hostile_config_files_are_one_bounded_line(fake_vllm, tmp_path, data, message):
-    """The entrypoint reads --config with the project's bounded reader (installer/safe_yaml.py):
+    """The entrypoint reads --config with the project's bounded reader (dspark_common/safe_yaml.py):
     no RecursionError or UnicodeDecodeError traceback, no hang."""
     config = tmp_path / "serve.yaml"
     config.write_bytes(data)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What the Dockerfiles pin, set and copy, checked against the repository and the pins."""
 
 import fnmatch

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The image's health check, run against a real local HTTP server standing in for vLLM."""
 
 import subprocess

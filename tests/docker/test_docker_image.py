@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The images, built for real from the unmodified Dockerfiles and run: a container serves DSpark.
 
 The base is the CPU stand-in for the official vLLM image (tests/docker/standin.py), so both
@@ -23,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dockerfiles import DOCKERFILES, FAKE_LISTINGS, REPO, read
+from dockerfiles import DOCKERFILES, REPO, fake_listing, read
 from launcher_args import rendered_ranks
 from packaging.version import Version
 from standin import StandinError, ensure_standin
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from installer.vllm_tree import locate
 from tests.helpers import free_port
 
@@ -129,7 +131,7 @@ def build(docker: Docker, name: str, base: str, tag: str, context: Path = REPO, 
         "ALLOW_UNPINNED_BASE": "1",
         "VLLM_VERSION": vllm_version,
         "DSPARK_REVISION": "cpu-standin-test",
-        "ARCH_LISTING_JSON": json.dumps(FAKE_LISTINGS[name]),
+        "ARCH_LISTING_JSON": json.dumps(fake_listing(name)),
         **extra,
     }
     command = [*docker.build, "--progress=plain", "-f", str(DOCKERFILES[name]), "-t", tag]
@@ -174,11 +176,9 @@ def tiny_pair(tmp_path_factory) -> Path:
     """A tiny Qwen3 target and a DSpark draft that predicts part of its output."""
     root = tmp_path_factory.mktemp("docker_models")
     root.chmod(0o755)
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target)
-    )
+    target = qwen3.build_qwen3_target(root / "target", kind="bigram")
+    spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
+    qwen3.save_dspark_draft(root / "draft", spec, qwen3.bigram_dspark_weights(spec, target))
     return root
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """docker/install-and-verify.sh, run as the image build runs it: from a copy of the files the
 Dockerfiles COPY, against a throwaway copy of the CPU environment's real vLLM 0.32.0 tree.
 

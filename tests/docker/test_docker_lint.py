@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """hadolint on both Dockerfiles, shellcheck on every shell script the project ships."""
 
 import subprocess

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The V1 runner taps a DeepSeek-V4 target at the draft's ``dspark_target_layer_ids``.
 
 DeepSeek-V4 checkpoints name their taps only in ``dspark_target_layer_ids`` (no ``dflash_config``),

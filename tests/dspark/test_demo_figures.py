@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The demo reports speed as the median of repeated runs with their range, never one run."""
 
 import pytest

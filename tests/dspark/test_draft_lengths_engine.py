@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Per-request draft lengths shrink the target's verify batch in vLLM's V1 engine (sync scheduling).
 
 Custom proposers choose a different number of drafts per request, either by returning shorter
@@ -12,8 +14,8 @@ synchronously; DSpark refuses confidence scheduling with async scheduling
 import pytest
 import torch
 
+from dspark_demo.checkpoints.qwen3 import build_qwen3_target
 from dspark_demo.engine import EngineRun, run_engine
-from dspark_demo.tiny_models import build_qwen3_target
 
 pytestmark = pytest.mark.engine
 

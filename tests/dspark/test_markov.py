@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The Markov chain: top-k exactness, probabilistic drafts, and losslessness with vLLM's rejection
 sampler at temperature > 0."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DSpark proposer's settings from vLLM's real SpeculativeConfig: typed fields, cross-field
 rules, and upstream fields refused by name. Start-up through the engine is covered by
 tests/engine/test_dspark_speculative_fields.py; async scheduling never runs on vLLM's CPU build,
@@ -13,22 +15,22 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
-from vllm.v1.spec_decode.dspark.options import (
+from vllm.v1.spec_decode.dspark.checks import (
     DEEPSEEK_V4_UNSUPPORTED,
     OTHER_METHODS_FIELDS,
     RING_PROPOSER_UNSUPPORTED,
-    DSparkOptions,
 )
+from vllm.v1.spec_decode.dspark.options import DSparkOptions
 
 
 @pytest.fixture(scope="module")
 def speculative_config(tmp_path_factory, monkeypatch_module) -> SpeculativeConfig:
     root = tmp_path_factory.mktemp("options")
-    target = tiny_models.build_qwen3_target(root / "target")
-    draft = tiny_models.save_dspark_draft(root / "draft", tiny_models.DSparkDraftSpec())
+    target = qwen3.build_qwen3_target(root / "target")
+    draft = qwen3.save_dspark_draft(root / "draft", qwen3.DSparkDraftSpec())
     monkeypatch_module.setenv("HF_HUB_OFFLINE", "1")
     vllm_config = EngineArgs(
         model=str(target),

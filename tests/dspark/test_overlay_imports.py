@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The overlay's modules import one another without a circle (module-level and lazy
 function-level imports alike), read from the overlay's source with ``ast``."""
 

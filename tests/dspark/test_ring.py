@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """ContextRing: placement, validity, isolation, ragged writes, batch invariance, no host syncs."""
 
 import ast
@@ -131,7 +133,9 @@ def test_one_plan_serves_every_ring_of_the_same_geometry():
 
 
 def sequential_write(ring_state, slots, positions, valid, values, window):
-    """What writing the valid rows one at a time in position order leaves behind."""
+    """What writing the valid rows one at a time in position order leaves behind. (The GPU
+    self-test has a loop of its own, ``reference_ring_step`` in tools/gpu_selftest/ring.py: it
+    runs inside the image, which ships tools/ but not tests/.)"""
     tags, vals = ring_state
     order = sorted((p, r) for r, (p, ok) in enumerate(zip(positions, valid, strict=True)) if ok)
     for position, row in order:

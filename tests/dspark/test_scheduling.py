@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Confidence scheduling: configuration, DeepSpec's threshold rule, determinism."""
 
 import dataclasses

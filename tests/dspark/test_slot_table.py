@@ -1,4 +1,6 @@
-"""SlotTable: request-stable slots under random request lifetimes (issue 3, slot invariants)."""
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""SlotTable: request-stable slots under random request lifetimes (the slot invariants)."""
 
 import pytest
 from hypothesis import event, given, settings

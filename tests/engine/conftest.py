@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures for real vLLM CPU engines over tiny local models (see dspark_demo/engine.py).
 
 The engine environment must be set before vllm is imported anywhere in the session.
@@ -14,7 +16,7 @@ from dspark_demo.engine import use_engine_env
 
 use_engine_env()
 
-from dspark_demo import tiny_models  # noqa: E402
+from dspark_demo.checkpoints import gemma4, qwen3  # noqa: E402
 
 
 @dataclass
@@ -22,7 +24,7 @@ class TinyModels:
     """One family's tiny targets and DeepSpec-layout drafts (each shipping its target's
     embedding and head)."""
 
-    spec: tiny_models.DSparkDraftSpec | tiny_models.Gemma4DraftSpec
+    spec: qwen3.DSparkDraftSpec | gemma4.Gemma4DraftSpec
     random_target: Path
     zero_target: Path
     """Greedy decoding emits token 0 forever: the acceptance oracle's target."""
@@ -35,7 +37,7 @@ class TinyModels:
 
 @dataclass(frozen=True)
 class Family:
-    """How ``tiny_models`` builds one family's targets and drafts."""
+    """How ``dspark_demo.checkpoints`` builds one family's targets and drafts."""
 
     spec: Callable[..., Any]
     build_target: Callable[..., Path]
@@ -48,29 +50,29 @@ class Family:
 
 FAMILIES = {
     "qwen3": Family(
-        spec=tiny_models.DSparkDraftSpec,
-        build_target=tiny_models.build_qwen3_target,
+        spec=qwen3.DSparkDraftSpec,
+        build_target=qwen3.build_qwen3_target,
         zero_kind="zero-lm-head",
-        save_draft=lambda model_dir, spec, target, weights=None: tiny_models.save_dspark_draft(
+        save_draft=lambda model_dir, spec, target, weights=None: qwen3.save_dspark_draft(
             model_dir, spec, weights, target
         ),
-        oracle_weights=tiny_models.oracle_dspark_weights,
-        bigram_weights=tiny_models.bigram_dspark_weights,
+        oracle_weights=qwen3.oracle_dspark_weights,
+        bigram_weights=qwen3.bigram_dspark_weights,
     ),
     "gemma4": Family(
-        spec=tiny_models.Gemma4DraftSpec,
-        build_target=tiny_models.build_gemma4_target,
+        spec=gemma4.Gemma4DraftSpec,
+        build_target=gemma4.build_gemma4_target,
         zero_kind="zero-norm",
-        save_draft=tiny_models.save_gemma4_draft,
-        oracle_weights=tiny_models.oracle_gemma4_draft_weights,
-        bigram_weights=tiny_models.bigram_gemma4_draft_weights,
+        save_draft=gemma4.save_gemma4_draft,
+        oracle_weights=gemma4.oracle_gemma4_draft_weights,
+        bigram_weights=gemma4.bigram_gemma4_draft_weights,
     ),
 }
 
 
 def build_family(family: Family, root: Path) -> TinyModels:
     spec = family.spec()
-    bigram_spec = family.spec(markov_rank=tiny_models.HIDDEN_SIZE)
+    bigram_spec = family.spec(markov_rank=qwen3.HIDDEN_SIZE)
     random_target = family.build_target(root / "random-target")
     zero_target = family.build_target(root / "zero-target", kind=family.zero_kind)
     bigram_target = family.build_target(root / "bigram-target", kind="bigram")

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The paged draft's FULL CUDA graphs of the stage after its forward (``cudagraph.ChainGraphs``:
 base logits, Markov chain, confidence head; the forward itself replays upstream DFlash's
 piecewise graphs) in the real CPU engine, the graph replaced by its own function
@@ -14,8 +16,6 @@ import torch
 
 from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log
 from tests.cuda_graphs import graphs_on_cpu
-
-pytestmark = pytest.mark.engine
 
 K = 4
 PROMPTS = [[5 + 3 * i + j for j in range(12 + 5 * i)] for i in range(3)]

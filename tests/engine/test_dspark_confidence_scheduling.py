@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Confidence-scheduled verification with the real DSpark proposer and engine.
 
 Two confidence heads whose lengths are known in advance: a constant one (zero weight, bias b:
@@ -12,10 +14,8 @@ import math
 import pytest
 import torch
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
-
-pytestmark = pytest.mark.engine
 
 K = 4
 CONFIDENCE = 0.5  # sigmoid(0)
@@ -24,13 +24,13 @@ CONFIDENCE = 0.5  # sigmoid(0)
 @pytest.fixture(scope="module")
 def confident_draft(tiny, tmp_path_factory):
     """The bigram draft plus a confidence head that always says CONFIDENCE."""
-    spec = tiny_models.DSparkDraftSpec(
-        markov_rank=tiny_models.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
+    spec = qwen3.DSparkDraftSpec(
+        markov_rank=qwen3.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
     )
-    weights = tiny_models.bigram_dspark_weights(spec, tiny.bigram_target)
+    weights = qwen3.bigram_dspark_weights(spec, tiny.bigram_target)
     weights["confidence_head.proj.weight"].zero_()
     weights["confidence_head.proj.bias"] = torch.tensor([math.log(CONFIDENCE / (1 - CONFIDENCE))])
-    return tiny_models.save_dspark_draft(
+    return qwen3.save_dspark_draft(
         tmp_path_factory.mktemp("confident") / "draft", spec, weights, tiny.bigram_target
     )
 
@@ -84,22 +84,20 @@ def token_confident_draft(tiny, tmp_path_factory):
     position's previous token: confidence(t) = sigmoid(v . W1[t] + b), with b placed in a gap of
     the scores so that about 40% of the tokens fall below 0.5 and none lies near it. Returns the
     draft and, per token id, whether its successor position is confident at tau = 0.5."""
-    spec = tiny_models.DSparkDraftSpec(
-        markov_rank=tiny_models.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
+    spec = qwen3.DSparkDraftSpec(
+        markov_rank=qwen3.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
     )
-    weights = tiny_models.bigram_dspark_weights(spec, tiny.bigram_target)
-    v = torch.randn(tiny_models.HIDDEN_SIZE, generator=torch.Generator().manual_seed(3))
+    weights = qwen3.bigram_dspark_weights(spec, tiny.bigram_target)
+    v = torch.randn(qwen3.HIDDEN_SIZE, generator=torch.Generator().manual_seed(3))
     scores = weights["markov_head.markov_w1.weight"] @ v
     ordered = scores.sort().values
     low = int(0.4 * len(ordered))
     gap = low + int((ordered[low + 1 : low + 50] - ordered[low : low + 49]).argmax())
     assert ordered[gap + 1] - ordered[gap] > 1e-3
     bias = -float(ordered[gap] + ordered[gap + 1]) / 2
-    weights["confidence_head.proj.weight"] = torch.cat([torch.zeros(tiny_models.HIDDEN_SIZE), v])[
-        None
-    ]
+    weights["confidence_head.proj.weight"] = torch.cat([torch.zeros(qwen3.HIDDEN_SIZE), v])[None]
     weights["confidence_head.proj.bias"] = torch.tensor([bias])
-    draft = tiny_models.save_dspark_draft(
+    draft = qwen3.save_dspark_draft(
         tmp_path_factory.mktemp("token-confident") / "draft", spec, weights, tiny.bigram_target
     )
     return draft, (scores + bias >= 0).tolist()
@@ -125,6 +123,8 @@ def test_threshold_cuts_inside_the_block_and_the_verify_batch_holds_exactly_that
     proposed: dict[str, list[list[int]]] = {}
     for line in log.read_text().splitlines():
         record = json.loads(line)
+        if record.get("event") == "start":
+            continue
         previous = [record["anchor_token"], *record["drafts"][:-1]]
         length = next((j for j, token in enumerate(previous) if not confident[token]), K)
         assert record["verify"] == length, record

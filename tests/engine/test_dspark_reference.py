@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Drafts in the engine equal DeepSpec's draft forward, recomputed from scratch.
 
 The reference below follows DeepSpec's own modeling code for its Qwen3 drafts
@@ -10,6 +12,11 @@ block are projected by that layer's ``k_proj`` and normalised by **that layer's*
 the whole context and the whole block. Target features come from Hugging
 Face's Qwen3 (the residual stream after each tapped layer). Every logged draft
 block is recomputed from the whole context before its anchor.
+
+``benchmarks/draft_reference.py`` holds a second plain-torch Qwen3 draft on purpose: a
+trainable float32 module written from vLLM's conventions, to train and score drafts in batches.
+This one is derived independently, from DeepSpec's code, so that a convention both got wrong
+would not go unseen.
 
 Draft tokens are argmaxes, so a draft token is accepted when its reference
 logit is within ``TOLERANCE`` of the best (float32 engine vs float64
@@ -28,10 +35,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
-
-pytestmark = pytest.mark.engine
 
 K = 4
 # float32 logits of magnitude ~1 carry ~1e-6 error; 1e-4 leaves a wide margin
@@ -214,8 +219,8 @@ def draft_gaps(
 
 
 def dspark_gaps(tiny, tmp_path: Path, taps: list[int], k: int) -> list[float]:
-    spec = tiny_models.DSparkDraftSpec(target_layer_ids=taps)
-    draft_dir = tiny_models.save_dspark_draft(tmp_path / "draft", spec, target=tiny.random_target)
+    spec = qwen3.DSparkDraftSpec(target_layer_ids=taps)
+    draft_dir = qwen3.save_dspark_draft(tmp_path / "draft", spec, target=tiny.random_target)
     log = tmp_path / "drafts.jsonl"
     run = run_engine(
         tiny.random_target,
@@ -267,15 +272,16 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
     two-layer backbone in DFlash's layout drafts as the reference's DFlash
     block. DFlash writes no draft log, so the proposer's output is logged
     here, in the ``dspark_draft_log`` format."""
-    from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
+    from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 
-    spec = tiny_models.DSparkDraftSpec()
-    draft_dir = tiny_models.save_dflash_draft(
-        tmp_path / "dflash", spec, tiny_models.random_dspark_weights(spec)
+    spec = qwen3.DSparkDraftSpec()
+    draft_dir = qwen3.save_dflash_draft(
+        tmp_path / "dflash", spec, qwen3.random_dspark_weights(spec)
     )
     k = spec.block_size - 1  # DFlash: the block is the anchor token and k masks
     log = tmp_path / "dflash.jsonl"
     config = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": k}
+    draft_log = DraftLog(str(log))
     with TinyEngine(tiny.random_target, config, **CHUNKED) as engine:
         drafter = engine.model_runner.drafter
         propose = drafter.propose
@@ -283,8 +289,7 @@ def test_upstream_dflash_drafts_equal_deepspec_recompute(tiny, tmp_path):
         def logged_propose(*args, **kwargs):
             drafts = propose(*args, **kwargs)
             rows = torch.arange(drafts.shape[0]) * (1 + k)
-            append_draft_log(
-                str(log),
+            draft_log.append(
                 engine.model_runner.input_batch.req_ids[: drafts.shape[0]],
                 drafter.positions[rows] - 1,
                 drafter.input_ids[rows],

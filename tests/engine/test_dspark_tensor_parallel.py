@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Tensor parallelism (TP = 2, two CPU worker processes) on the paged Qwen3 DSpark path.
 
 Every rank runs the draft and the confidence scheduler; only rank 0's drafts and lengths reach
@@ -9,10 +11,10 @@ TP = 1. The draft's confidence head is random, so the lengths vary with the cont
 
 import pytest
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import draft_steps, dspark_config, run_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc
 
 K = 4
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w7 w8 w9 w10"]
@@ -23,12 +25,12 @@ CONFIDENCE = {"dspark_confidence_scheduler": "threshold", "dspark_confidence_thr
 @pytest.fixture(scope="module")
 def scored_draft(tiny, tmp_path_factory):
     """The bigram draft plus a random confidence head (inputs: hidden state and Markov embed)."""
-    spec = tiny_models.DSparkDraftSpec(
-        markov_rank=tiny_models.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
+    spec = qwen3.DSparkDraftSpec(
+        markov_rank=qwen3.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
     )
-    weights = tiny_models.bigram_dspark_weights(spec, tiny.bigram_target)
+    weights = qwen3.bigram_dspark_weights(spec, tiny.bigram_target)
     weights["confidence_head.proj.weight"].mul_(40.0)
-    return tiny_models.save_dspark_draft(
+    return qwen3.save_dspark_draft(
         tmp_path_factory.mktemp("scored") / "draft", spec, weights, tiny.bigram_target
     )
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Gemma-4 DSpark drafts on V1's paged proposer, in the real vLLM CPU engine.
 
 The target is a tiny ``Gemma4ForCausalLM`` in the release config's keys (three
@@ -18,7 +20,6 @@ layer and ``layer_scalar``, soft-capped base logits, and the Markov bias added
 after the cap.
 """
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -26,17 +27,12 @@ import pytest
 import torch
 from test_dspark_reference import TOLERANCE, draft_gaps, rms_norm, stacked_k_norm
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import gemma4
 from dspark_demo.engine import (
     EngineUnavailable,
-    TinyEngine,
-    drafts_one_by_one,
     dspark_config,
-    read_draft_log,
     run_engine,
 )
-
-pytestmark = pytest.mark.engine
 
 K = 4  # the tiny drafts' trained block size
 # Longer than the target's 32-token sliding window.
@@ -187,163 +183,21 @@ def test_recompute_check_fails_when_the_draft_forward_departs(
     assert wrong >= len(gaps) // 10, (wrong, len(gaps))
 
 
-# --- Lossless, oracle -----------------------------------------------------------
-
-CHURN = dict(max_num_seqs=4, max_num_batched_tokens=48, enable_prefix_caching=True)
-SHARED_PREFIX = " ".join(f"w{(37 * i) % 990 + 5}" for i in range(100))
-# The last prompt waits for a free sequence slot and starts from a prefix-cache hit.
-LOSSLESS_PROMPTS = [*PROMPTS, f"{SHARED_PREFIX} w1 w2", f"{SHARED_PREFIX} w7 w8 w9"]
-LOSSLESS_MAX_TOKENS = [40, 25, 33, 30, 45]
-
-
-@pytest.fixture(scope="module")
-def plain_bigram(gemma):
-    return run_engine(gemma.bigram_target, LOSSLESS_PROMPTS, LOSSLESS_MAX_TOKENS, **CHURN)
-
-
-@pytest.mark.parametrize("k", [K, 2], ids=["k=block", "k<block"])
-def test_greedy_output_is_lossless(gemma, plain_bigram, k):
-    run = run_engine(
-        gemma.bigram_target,
-        LOSSLESS_PROMPTS,
-        LOSSLESS_MAX_TOKENS,
-        dspark_config(gemma.bigram_draft, k=k),
-        **CHURN,
-    )
-    assert run.token_ids == plain_bigram.token_ids
-    accepted = run.accepted_per_position
-    assert len(accepted) == k and 0 < accepted[0] < run.drafts, accepted
-    assert run.metrics["vllm:prefix_cache_hits"] > 0
-
-
-@pytest.mark.parametrize("k", [K, 2])
-def test_oracle_draft_is_always_accepted(gemma, k):
-    run = run_engine(
-        gemma.zero_target, PROMPTS, 24, dspark_config(gemma.oracle_draft, k=k), max_num_seqs=3
-    )
-    assert run.drafts > 0
-    assert run.accepted_per_position == [run.drafts] * k
-    assert all(set(tokens) == {0} for tokens in run.token_ids)
-
-
-# --- Prefix caching, contamination -----------------------------------------------
-
-TURNS = [f"{SHARED_PREFIX} w11 w12 w13", f"{SHARED_PREFIX} w21 w22 w23 w24 w25"]
-
-
-def second_turn_drafts(gemma, log: Path, caching: bool):
-    with TinyEngine(
-        gemma.random_target,
-        dspark_config(gemma.random_draft, dspark_draft_log=str(log)),
-        max_num_seqs=2,
-        enable_prefix_caching=caching,
-    ) as engine:
-        engine.generate(TURNS[:1], 12)
-        log.unlink()
-        second = engine.generate(TURNS[1:], 24)
-    (records,) = read_draft_log(log).values()
-    return {anchor: r["drafts"] for anchor, r in records.items()}, second
-
-
-def test_drafts_after_a_prefix_cache_hit_equal_drafts_without_the_cache(gemma, tmp_path):
-    cached, hit = second_turn_drafts(gemma, tmp_path / "cached.jsonl", caching=True)
-    uncached, miss = second_turn_drafts(gemma, tmp_path / "uncached.jsonl", caching=False)
-    assert hit.metrics["vllm:prefix_cache_hits"] >= 64
-    assert hit.token_ids == miss.token_ids
-    assert len(cached) >= 15 and cached == uncached
-
-
-# Request 1 finishes early, so V1 condenses still-running requests into its row.
-CONTAMINATION_MAX_TOKENS = [40, 8, 45, 30, 20]
-# 12 KV blocks of 32 tokens, shared by the sliding and full layers' groups, cannot hold four
-# growing sequences: the scheduler preempts and later resumes requests (16 blocks, the fewest a
-# 256-token model length takes, preempt none; every request here fits in 160 tokens).
-CROWDED = dict(
-    max_num_seqs=4, max_num_batched_tokens=48, max_model_len=160, num_gpu_blocks_override=12
-)
-
-
-@pytest.fixture(scope="module")
-def alone(gemma, tmp_path_factory) -> dict:
-    """Each request's drafts served on its own; shared by the check and its control (whose
-    fault needs two requests in a batch, so it cannot act here)."""
-    log = tmp_path_factory.mktemp("alone") / "alone.jsonl"
-    by_prompt = drafts_one_by_one(
-        gemma.random_target, gemma.random_draft, LOSSLESS_PROMPTS, CONTAMINATION_MAX_TOKENS, log
-    )
-    return {str(index): records for index, records in enumerate(by_prompt)}
-
-
-def mismatches_among_others(gemma, tmp_path: Path, alone: dict) -> dict[str, int]:
-    """Per request, the anchors whose drafts differ between the crowded run and ``alone``."""
-    crowded_log = tmp_path / "crowded.jsonl"
-    crowded_run = run_engine(
-        gemma.random_target,
-        LOSSLESS_PROMPTS,
-        CONTAMINATION_MAX_TOKENS,
-        dspark_config(gemma.random_draft, dspark_draft_log=str(crowded_log)),
-        **CROWDED,
-    )
-    assert crowded_run.metrics["vllm:num_preemptions"] > 0, "the crowded run must preempt"
-    crowded = read_draft_log(crowded_log, first=True)
-    return {
-        request: sum(
-            by_anchor[anchor]["drafts"] != crowded[request][anchor]["drafts"]
-            for anchor in by_anchor.keys() & crowded[request].keys()
-        )
-        for request, by_anchor in alone.items()
-    }
-
-
-def test_drafts_are_the_same_alone_and_among_other_requests(gemma, tmp_path, alone):
-    assert set(mismatches_among_others(gemma, tmp_path, alone).values()) == {0}
-
-
-def test_contamination_check_fails_with_swapped_draft_block_tables(
-    gemma, tmp_path, monkeypatch, alone
-):
-    from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
-
-    set_inputs = DSparkPagedProposer.set_inputs_first_pass
-
-    def swapped_rows(self, *args, cad, **kwargs):
-        if cad.batch_size() >= 2:
-            table = cad.block_table_tensor.clone()
-            table[[0, 1]] = table[[1, 0]]
-            cad = dataclasses.replace(cad, block_table_tensor=table)
-        return set_inputs(self, *args, cad=cad, **kwargs)
-
-    monkeypatch.setattr(DSparkPagedProposer, "set_inputs_first_pass", swapped_rows)
-    mismatches = mismatches_among_others(gemma, tmp_path, alone)
-    assert sum(n > 0 for n in mismatches.values()) >= 2, mismatches
-
-
 # --- Refused at start-up ------------------------------------------------------------
 
 
-def _separate_values(config: dict, weights: dict) -> None:
-    config["attention_k_eq_v"] = False
+def test_a_tensor_the_draft_has_no_parameter_for_is_refused_by_name(gemma, tmp_path):
+    """(The config refusals, e.g. ``attention_k_eq_v: false``, are tested before any engine
+    starts: tests/dspark/test_startup_checks.py.)"""
+    from safetensors.torch import load_file, save_file
 
-
-def _unknown_tensor(config: dict, weights: dict) -> None:
+    draft = gemma4.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
+    weights = load_file(str(draft / "model.safetensors"))
     weights["layers.0.self_attn.v_proj.weight"] = weights[
         "layers.0.self_attn.k_proj.weight"
     ].clone()
-
-
-@pytest.mark.parametrize(
-    ("change", "named"),
-    [(_separate_values, "attention_k_eq_v"), (_unknown_tensor, "layers.0.self_attn.v_proj.weight")],
-    ids=["separate-values", "unknown-tensor"],
-)
-def test_what_the_draft_cannot_run_is_refused_by_name(gemma, tmp_path, change, named):
-    from safetensors.torch import load_file, save_file
-
-    draft = tiny_models.save_gemma4_draft(tmp_path / "draft", gemma.spec, gemma.random_target)
-    config = json.loads((draft / "config.json").read_text())
-    weights = load_file(str(draft / "model.safetensors"))
-    change(config, weights)
-    (draft / "config.json").write_text(json.dumps(config))
     save_file(weights, str(draft / "model.safetensors"))
-    with pytest.raises((ValueError, RuntimeError, EngineUnavailable), match=named):
+    with pytest.raises(
+        (ValueError, RuntimeError, EngineUnavailable), match=r"layers\.0\.self_attn\.v_proj\.weight"
+    ):
         run_engine(gemma.random_target, PROMPTS[:1], 4, dspark_config(draft), max_num_seqs=1)

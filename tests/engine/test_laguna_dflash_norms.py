@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Upstream Laguna DFlash drafts, installed through this project, normalise each draft layer's
 context with that layer's own weights (the ``laguna-dflash`` patch).
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What the patched tree imports: a plain engine (no speculative decoding) no overlay module,
 and a Qwen3 DSpark engine no module of the DeepSeek-V4 draft. Each engine runs in a fresh
 interpreter (in-process engine core), which reports the overlay modules it imported."""
@@ -6,10 +8,6 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-pytestmark = pytest.mark.engine
 
 OVERLAY = Path(__file__).resolve().parents[2] / "overlay"
 V4_DRAFT = ("vllm.v1.spec_decode.dspark.deepseek_v4", "vllm.v1.spec_decode.dspark.ring_proposer")

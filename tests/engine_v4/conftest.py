@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures for the real vLLM CPU engine serving a tiny DeepSeek-V4 target with its ``mtp.*`` draft.
 
 Engines run in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the tests can change the
@@ -15,7 +17,7 @@ from dspark_demo.engine import use_engine_env
 
 use_engine_env()
 
-from dspark_demo import tiny_v4  # noqa: E402
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4  # noqa: E402
 from tests.engine_v4 import standins  # noqa: E402
 
 

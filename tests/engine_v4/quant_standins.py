@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Torch stand-ins for vLLM's CPU FP8 block-scaled linear and MXFP4 MoE where the CPU has no AMX.
 
 vLLM 0.32.0 lists ``CPUFp8W8A8BlockScaledMMKernel`` and ``CPUFp8BlockScaledMMKernel`` for block-FP8

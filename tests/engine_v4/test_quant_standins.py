@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The torch stand-ins for vLLM's CPU FP8 block-scaled linear and MXFP4 MoE (``quant_standins.py``):
 each computes what a plain loop computes, a wrong scale layout, e8m0 bias or nibble order is
 caught, and vLLM's own kernel choice picks them only on a CPU without AMX tiles."""
@@ -5,7 +7,8 @@ caught, and vLLM's own kernel choice picks them only on a CPU without AMX tiles.
 import pytest
 import torch
 
-from tests.engine_v4 import quant_standins, quantise_v4
+from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
+from tests.engine_v4 import quant_standins
 from tests.engine_v4.test_v4_quantised import weight
 
 
@@ -79,7 +82,7 @@ def moe_config(tmp_path_factory):
     """The FusedMoEConfig of the quantised draft's stage-0 experts (built with the stand-ins, AMX
     reported off). Built on cpu, not meta: vLLM caches rotary embeddings by their arguments
     (``get_rope``'s ``_ROPE_DICT``), and a meta one broke the next V4 engine of the session."""
-    from dspark_demo import tiny_v4
+    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
     from dspark_demo.v4_draft import build_draft, v4_vllm_config
 
     config = quantise_v4.QUANTISED_V4_CONFIG

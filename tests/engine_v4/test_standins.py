@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Each Triton stand-in against a plain per-token loop written from its kernel's source."""
 
 import random

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny V4 checkpoints look trained: every norm weight is non-unit and differs from every
 other norm of its shape, and the draft has several stages (V4-Flash ships 3).
 
@@ -9,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 
 CHECKPOINTS = {
     "random": tiny_v4.random_v4_checkpoint,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What a CUDA host runs of the DeepSeek-V4 draft that the CPU engine does not, checked on CPU.
 
 - Signatures: the draft's calls into vLLM's platform-specific code (each platform's
@@ -22,11 +24,9 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import vllm
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
-
-pytestmark = pytest.mark.engine
 
 INSTALLED = Path(vllm.__file__).parent
 VLLM_TREES = {

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DSpark with a DeepSeek-V4 target, end to end in the real vLLM CPU engine.
 
 ``LLM(<tiny V4 target>, speculative_config={"method": "dspark", "num_speculative_tokens": k})``:
@@ -9,12 +11,10 @@ import random
 import pytest
 import torch
 
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.host_syncs import HostSyncRecorder
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 from tests.helpers import RowIndexedSlots
-
-pytestmark = pytest.mark.engine
 
 K = 4
 

@@ -1,10 +1,12 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The strict loader of the DeepSeek-V4 DSpark draft built from vLLM's modules."""
 
 import pytest
 import torch
 from safetensors import safe_open
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     CheckpointDraftTensors,

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Prefix caching and chunked prefill with a DeepSeek-V4 target, in the real engine.
 
 vLLM's CPU platform switches both off for DeepSeek-V4 unless the CPU has AMX tiles
@@ -21,11 +23,9 @@ from typing import Any
 import pytest
 import torch
 
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.engine import TinyEngine, read_draft_log
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import V4_ENGINE_ARGS, dspark, run_v4
-
-pytestmark = pytest.mark.engine
 
 K = 4
 V4_BLOCK = 256

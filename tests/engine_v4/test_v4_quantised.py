@@ -1,8 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DeepSeek-V4 draft as V4-Flash ships it: FP8 block-scaled linears, MXFP4 routed experts.
 
 The tiny V4 target and its ``mtp.*`` draft are quantised exactly as V4-Flash ships them
-(``quantise_v4.py``) and served in the real engine twice: on vLLM's own kernels (its CPU FP8
-block linear and CPU MXFP4 MoE, both AMX; skipped without AMX), and on the torch stand-ins
+(``dspark_demo/checkpoints/deepseek_v4_quantised.py``) and served in the real engine twice: on
+vLLM's own kernels (its CPU FP8 block linear and CPU MXFP4 MoE, both AMX; skipped without AMX),
+and on the torch stand-ins
 (``quant_standins.py``) with AMX reported off as vLLM's CPU path reads it
 (``torch.cpu._is_amx_tile_supported()``, in this process, where the engine runs), which is what
 a CPU without AMX runs. Their dequantised bf16 twin holds the same values unquantised.
@@ -17,9 +20,9 @@ import types
 import pytest
 import torch
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
+from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
 from dspark_demo.v4_draft import build_draft, v4_vllm_config
-from tests.engine_v4 import quantise_v4
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 
@@ -327,7 +330,6 @@ def moe_runs(quantised_models, kernels, tmp_path_factory):
     return logs, [run for run, _ in measured], [ratios for _, ratios in measured]
 
 
-@pytest.mark.engine
 def test_quantised_draft_is_lossless(quantised_models, moe_runs):
     """The context-dependent oracle target, quantised, its draft's MoE contributing: drafts both
     accepted and rejected, and greedy output equal to plain decoding. (A random target is no test
@@ -340,7 +342,6 @@ def test_quantised_draft_is_lossless(quantised_models, moe_runs):
     assert 0 < accepted < run.metrics["vllm:spec_decode_num_draft_tokens"]
 
 
-@pytest.mark.engine
 def test_the_drafts_moe_contributes(moe_runs):
     """Each draft stage's MoE output is a sizeable fraction of the residual it is added to (the
     oracle checkpoint's draft MoE, with zero ``w2``, gives 0)."""
@@ -349,7 +350,6 @@ def test_the_drafts_moe_contributes(moe_runs):
     assert min(ratios) > 0.1
 
 
-@pytest.mark.engine
 def test_quantised_draft_drafts_as_its_bf16_twin(moe_runs):
     """The oracle draft with a contributing MoE against its twin: the same drafts at >= 99% of
     the draft tokens (with every draft expert scale one exponent off, 75/292 on the stand-ins
@@ -361,7 +361,6 @@ def test_quantised_draft_drafts_as_its_bf16_twin(moe_runs):
     assert equal >= 0.99 * total
 
 
-@pytest.mark.engine
 def test_random_quantised_draft_mostly_drafts_as_its_bf16_twin(quantised_models, kernels, tmp_path):
     """A random draft: every draft token is an argmax among near ties, and its MoE sees the
     bf16-level difference between the MXFP4 and unquantised MoE: a lower floor."""
@@ -379,7 +378,7 @@ def test_random_quantised_draft_mostly_drafts_as_its_bf16_twin(quantised_models,
 def test_the_targets_own_quantization_is_not_refused_and_another_is():
     """vLLM copies the target's quantization into the draft's speculative config; the V4 draft
     is built with it. Any other value is refused by name."""
-    from vllm.v1.spec_decode.dspark.options import (
+    from vllm.v1.spec_decode.dspark.checks import (
         DEEPSEEK_V4_UNSUPPORTED,
         refuse_unsupported_fields,
     )

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """DeepSeek-V4 DSpark at tensor-parallel size 2, in two CPU worker processes.
 
 The draft's layers shard over the target's tensor-parallel group and its loader cuts each rank's
@@ -16,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 from dspark_demo.engine import draft_steps
-from dspark_demo.tiny_v4 import PERIOD, cycle_prompt
 from tests.engine_v4.v4_harness import dspark, run_v4
 
-pytestmark = pytest.mark.engine
+pytestmark = pytest.mark.multiproc
 
 K = 4
 PROMPTS = [cycle_prompt(10 + PERIOD * i, n) for i, n in enumerate([40, 45, 64, 50])]

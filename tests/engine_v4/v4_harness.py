@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny-engine harness's settings for a tiny DeepSeek-V4 target."""
 
 from pathlib import Path

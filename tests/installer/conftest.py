@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Fixtures: pristine real vLLM trees (0.32.0 from the environment, 0.33.0 from its wheel) and
 per-test copies of them, plus throwaway projects with generated patches and overlay files."""
 

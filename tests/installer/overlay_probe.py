@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Run in a subprocess by test_vllm_033_overlay.py: import every overlay module from the vLLM
 tree given first on the command line, build the DSpark config path (EngineArgs ->
 VllmConfig -> the proposer) against it, and print what happened as JSON.

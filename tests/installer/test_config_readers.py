@@ -1,4 +1,6 @@
-"""The one bounded YAML reader (installer/safe_yaml.py) and the installer's one-line refusals of
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""The one bounded YAML reader (dspark_common/safe_yaml.py) and the installer's one-line refusals of
 malformed pins, fault specs and journals."""
 
 import json
@@ -9,8 +11,8 @@ from pathlib import Path
 import pytest
 from installer_testlib import REPO
 
+from dspark_common.safe_yaml import MAX_BYTES, MAX_SHOWN, YamlError, load_mapping
 from installer import pins as pins_module
-from installer.safe_yaml import MAX_BYTES, MAX_SHOWN, YamlError, load_mapping
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Crash safety: kill the installer at every durable step of install, uninstall, upgrade and
 repair (DSPARK_INSTALL_KILL_AT, an abrupt os._exit like SIGKILL), then show that the next run of
 any mode repairs the tree to exactly its state before or after; and that a write failure in the

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Install, status, re-run, dry run, upgrade and uninstall on real vLLM 0.32.0 and 0.33.0 trees,
 with patches and overlay files generated against those trees' own sources."""
 

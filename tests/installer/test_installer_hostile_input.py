@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Hostile and broken input: state files that point outside the tree, undecodable dist-info and
 state files, a missing RECORD, a full disk, Ctrl-C at every step, symlinked targets and
 over-long paths. Each gives one clear line, its documented exit code, and no write outside."""

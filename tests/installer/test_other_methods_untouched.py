@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The install leaves other speculative methods alone: upstream DFlash and ngram give the
 same greedy tokens with DSpark installed as on stock vLLM (the tree after --uninstall)."""
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 from installer_testlib import environment_tree
 
-from dspark_demo import tiny_models
+from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import ENGINE_ENV
 from installer.state import STATE_DIR
 
@@ -40,11 +42,9 @@ print("RESULT " + json.dumps(result))
 
 
 def generate(tmp_path: Path, vllm_path: Path | None) -> dict:
-    target = tiny_models.build_qwen3_target(tmp_path / "target")
-    spec = tiny_models.DSparkDraftSpec()
-    dflash = tiny_models.save_dflash_draft(
-        tmp_path / "dflash", spec, tiny_models.random_dspark_weights(spec)
-    )
+    target = qwen3.build_qwen3_target(tmp_path / "target")
+    spec = qwen3.DSparkDraftSpec()
+    dflash = qwen3.save_dflash_draft(tmp_path / "dflash", spec, qwen3.random_dspark_weights(spec))
     project = str(Path(__file__).resolve().parents[2])
     paths = [str(vllm_path)] if vllm_path else []
     env = {**os.environ, **ENGINE_ENV, "PYTHONPATH": os.pathsep.join([*paths, project])}

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """recipe/pins.yaml validation and tools/refresh_pins.py refusals."""
 
 import re

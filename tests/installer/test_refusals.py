@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every bad input is refused with a clear message, no traceback, its documented exit code, and
 a tree that is byte-identical afterwards (bytecode caches included: nothing is written)."""
 
@@ -21,6 +23,7 @@ from installer_testlib import (
 from installer.errors import ExitCode
 from installer.hashing import sha256_hex
 from installer.state import JOURNAL
+from installer.vllm_tree import V1_RUNNER
 from tests.helpers import replace_file
 
 # The machinery is version-independent; test_install_cycle covers both versions.
@@ -54,12 +57,28 @@ def test_path_that_is_not_a_vllm_tree(project: GeneratedProject, tmp_path: Path)
     assert list(empty.iterdir()) == []
 
 
-def test_unsupported_version(project: GeneratedProject, tree: Path):
-    set_version(tree, "vllm", "0.31.0")
+@pytest.mark.parametrize(
+    ("version_set", "without_v1", "phrases"),
+    [
+        ("0.31.0", False, ("vLLM 0.31.0 is not supported", "pins vLLM 0.32.0", "on 0.31.0")),
+        ("0.40.0", True, ("vLLM 0.40.0 has no V1 model runner", "unavailable there")),
+    ],
+    ids=["unpinned", "without-v1"],
+)
+def test_unsupported_version(
+    project: GeneratedProject, tree: Path, version_set: str, without_v1: bool, phrases: tuple
+):
+    """A version without pins, or a release that has dropped Model Runner V1: one line says
+    that only the V2 lane, which needs no install, runs there."""
+    set_version(tree, "vllm", version_set)
+    if without_v1:
+        (tree / V1_RUNNER).unlink()
     before = snapshot(tree)
-    for mode in ((), ("--status",), ("--dry-run",)):
+    v2_lane = "the V2 lane (upstream vLLM's DSpark, VLLM_USE_V2_MODEL_RUNNER=1) needs no install"
+    for mode in ((), ("--status",), ("--status", "--json"), ("--dry-run",)):
         result = project.install(tree, *mode)
-        assert_refused(result, ExitCode.REFUSED, "vLLM 0.31.0 is not supported", "pins vLLM 0.32.0")
+        assert_refused(result, ExitCode.REFUSED, "V1 lane is unavailable", *phrases, v2_lane)
+        assert len(result.stderr.splitlines()) == 1
     assert snapshot(tree) == before
 
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The manifest this checkout ships (recipe/pins.yaml, overlay/, patches/), whatever it holds
 today: it is complete, it installs and uninstalls byte-identically on real vLLM 0.32.0 and
 0.33.0 trees, and the test environment's vLLM has it installed."""
@@ -35,6 +37,20 @@ def test_pins_list_every_shipped_overlay_file_and_patch():
     assert {version.version for version in pins.versions} >= {"0.32.0", "0.33.0"}
 
 
+def release() -> str:
+    """The project's release as the overlay states it (``__version__``)."""
+    from installer.manifest import VERSION_MODULE
+    from installer.vllm_tree import version_assigned_in
+
+    version = version_assigned_in((REPO / "overlay" / VERSION_MODULE).read_text())
+    assert version and version[0].isdigit(), version
+    return version
+
+
+def test_the_release_is_the_changelogs_latest():
+    assert f"## {release()} " in (REPO / "CHANGELOG.md").read_text()
+
+
 def test_shipped_manifest_installs_and_uninstalls(tree: Path, pristine: Path, version: str):
     result = run_installer(REPO, "--vllm-path", str(tree))
     assert result.returncode == ExitCode.OK, result.stderr
@@ -42,6 +58,9 @@ def test_shipped_manifest_installs_and_uninstalls(tree: Path, pristine: Path, ve
     assert status.returncode == ExitCode.OK, status.stdout
     report = json.loads(status.stdout)
     assert (report["state"], report["vllm_version"]) == ("installed", version)
+    assert report["dspark_version"] == release()
+    text = run_installer(REPO, "--vllm-path", str(tree), "--status").stdout
+    assert f"dspark-vllm: {release()}" in text.splitlines()
     pins = pins_module.load(REPO).for_tree(version, None)
     assert {file["path"] for file in report["files"]} == {
         *(patch.target for patch in pins.patches),

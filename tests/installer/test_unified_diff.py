@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Exact unified-diff application on real vLLM sources: what applies, and what is refused."""
 
 import difflib

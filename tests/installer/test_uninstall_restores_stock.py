@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """After --uninstall, vLLM is stock again: its V1 runner refuses method "dspark",
 which the installed environment accepts (the refusal is what the patches lift)."""
 
@@ -6,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dspark_demo import tiny_models
+import pytest
+
+from dspark_demo.checkpoints import qwen3
+
+pytestmark = pytest.mark.multiproc  # vLLM validates the config in subprocesses
 
 VALIDATE_DSPARK_CONFIG = """
 import sys
@@ -22,8 +28,8 @@ print("accepted")
 
 
 def validate_dspark_config(tmp_path: Path, pythonpath: str | None) -> subprocess.CompletedProcess:
-    target = tiny_models.build_qwen3_target(tmp_path / "target")
-    draft = tiny_models.save_dspark_draft(tmp_path / "draft", tiny_models.DSparkDraftSpec())
+    target = qwen3.build_qwen3_target(tmp_path / "target")
+    draft = qwen3.save_dspark_draft(tmp_path / "draft", qwen3.DSparkDraftSpec())
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_USE_V2_MODEL_RUNNER": "0"}
     env.pop("PYTHONPATH", None)
     if pythonpath:

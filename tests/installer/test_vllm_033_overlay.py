@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """vLLM 0.33.0, the version the images ship: install into a copy of its sources, then import
 every overlay module from that tree and build the DSpark config path (EngineArgs -> VllmConfig
 -> the DSpark proposer) against it, in a subprocess with the environment's CPU torch.
@@ -5,18 +7,18 @@ every overlay module from that tree and build the DSpark config path (EngineArgs
 What a CPU machine cannot do with the 0.33.0 wheel (a CUDA build: no CPU kernels in it, and it
 pins torch 2.14) is recorded in docs/installer.md; this test covers what it can."""
 
-import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from installer_testlib import CACHE_033, REPO, copy_vllm_tree, run_installer
+from installer_testlib import CACHE_033, REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
-from dspark_demo import tiny_models
 from installer.errors import ExitCode
+from tests.helpers import probe_report, start_probe
+
+pytestmark = pytest.mark.multiproc  # the probe imports vLLM 0.33.0 in a subprocess
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +27,7 @@ def probe(pristine_033: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     tree = copy_vllm_tree(pristine_033, root / "site")
     installed = run_installer(REPO, "--vllm-path", str(tree))
     assert installed.returncode == ExitCode.OK, installed.stderr
-    spec = tiny_models.DSparkDraftSpec(markov_rank=tiny_models.HIDDEN_SIZE)
-    target = tiny_models.build_qwen3_target(root / "target", kind="bigram")
-    draft = tiny_models.save_dspark_draft(
-        root / "draft", spec, tiny_models.bigram_dspark_weights(spec, target), target
-    )
+    target, draft = tiny_dspark_pair(root)
     env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
@@ -38,17 +36,8 @@ def probe(pristine_033: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
         "VLLM_USE_V2_MODEL_RUNNER": "0",
     }
     script = Path(__file__).with_name("overlay_probe.py")
-    result = subprocess.run(
-        [sys.executable, str(script), *(str(path) for path in (tree, REPO, target, draft))],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=root,
-    )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("PROBE ")]
-    assert result.returncode == 0 and lines, result.stderr[-3000:]
-    report = json.loads(lines[-1].removeprefix("PROBE "))
+    command = [sys.executable, str(script), *(str(path) for path in (tree, REPO, target, draft))]
+    report = probe_report(start_probe(command, env, root))
     report["tree"] = str(tree)
     return report
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Helpers for the launcher tests: site/profile writers, the CLI runner, recording fakes."""
 
 from __future__ import annotations
@@ -71,7 +73,6 @@ def write_profile(path: Path, **overrides) -> Path:
         "cuda_graphs": True,
         "speculative": {"method": "none"},
         "nccl_roce": False,
-        "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
         **overrides,
     }
     return write_yaml(path, profile, mode=0o644)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every shipped profile's target captures its widest speculative decode batch,
 ``max_num_seqs * (k + 1)`` tokens, in every cudagraph mode: the rendered ``vllm serve``
 arguments read by vLLM's own parser, sized by vLLM's own functions (``tests/cuda_graphs.py``)."""
@@ -12,7 +14,7 @@ from dspark_launch.profile import PROFILES_DIR, load_profile
 
 pytest.importorskip("vllm")
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 from tests.cuda_graphs import profile_sizing_args, rendered_serve_args, size_as_on_cuda
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport

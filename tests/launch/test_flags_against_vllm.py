@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The profile's flag guard agrees with vLLM's own `vllm serve` parser: every spelling that
 parser resolves to a managed flag (prefix abbreviations, short options, `=value`, underscores,
 `--flag.key`) is refused, and no other option vLLM defines is."""

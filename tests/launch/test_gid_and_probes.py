@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The per-node probes on fake sysfs trees and real sockets, run the way the launcher runs them
 on a worker: as a script on stdin, outside the package."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Rendered commands of both nodes, as `--dry-run` prints them, against golden files.
 
 Regenerate after an intended change with DSPARK_UPDATE_GOLDEN=1 and review the diff.
@@ -45,6 +47,7 @@ SITES = {
         "nccl_passthrough": {"NCCL_NET_GDR_LEVEL": "LOC", "NCCL_IB_MERGE_NICS": ""},
         "secrets": {"api_key": API_KEY, "hf_token": HF_TOKEN},
     },
+    "spark-docker-v2": {},  # spark-docker on the V2 lane (filled in below)
     "cpu-local": {
         "profile": "cpu-tiny",
         "mode": "local",
@@ -56,6 +59,8 @@ SITES = {
         "secrets": {"api_key": API_KEY},
     },
 }
+
+SITES["spark-docker-v2"] = {**SITES["spark-docker"], "lane": "v2"}
 
 
 def _normalized(text: str) -> str:
@@ -95,6 +100,36 @@ def test_ranks_differ_only_in_rank_role_and_network(tmp_path):
         "VLLM_API_KEY",
     }
     assert "NCCL_IB_MERGE_NICS" not in head.env  # empty passthrough values stay unset
+
+
+def test_the_lanes_differ_in_the_runner_alone(tmp_path):
+    """Both lanes serve the profile's model, parallelism and flags; only the runner differs."""
+    profile = load_profile(PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml")
+    plans = {}
+    for name in ("spark-docker", "spark-docker-v2"):
+        site = load_site(write_yaml(tmp_path / f"{name}.yaml", SITES[name]))
+        plans[site.lane] = [plan_node(profile, site, node, "3") for node in site.nodes]
+    for v1, v2 in zip(plans["v1"], plans["v2"], strict=True):
+        assert (v1.lane, v2.lane) == ("v1", "v2")
+        assert v1.serve_args == v2.serve_args
+        assert {k: v for k, v in v1.env.items() if v2.env[k] != v} == {
+            "VLLM_USE_V2_MODEL_RUNNER": "0"
+        }
+        assert v2.env["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+
+def test_adaptive_verification_is_on_the_v2_lane_alone(tmp_path):
+    path = tmp_path / "blackwell.yaml"
+    text = (PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml").read_text()
+    text = text.replace('compute_capability: ["12.1"]', 'compute_capability: ["10.0"]')
+    path.write_text(text.replace("adaptive_verification: false", "adaptive_verification: true"))
+    profile = load_profile(path)
+    configs = {}
+    for lane in ("v1", "v2"):
+        site_file = write_yaml(tmp_path / f"{lane}.yaml", {**SITES["spark-docker"], "lane": lane})
+        args = plan_node(profile, load_site(site_file), load_site(site_file).head).serve_args
+        configs[lane] = json.loads(args[args.index("--speculative-config") + 1])
+    assert configs["v2"] == {**configs["v1"], "enable_adaptive_verification": True}
 
 
 def test_speculative_config_is_derived():

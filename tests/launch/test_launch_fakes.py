@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Ordering, failure handling and exit codes in docker mode, with docker and ssh replaced by
 recording fakes on PATH (the fake ssh runs the worker's commands locally)."""
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Hostile and broken launcher input: duplicate YAML keys, values that would become options,
 secrets in error messages, abbreviated vLLM flags, `:` in volume paths, and the documented
 behaviour of `logs`, `preflight` and an empty DSPARK_SITE."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Local mode: both ranks as process groups on this host. First with a stand-in `vllm` for the
 failure paths, then a real two-process vLLM deployment (tensor parallel 2 over --nnodes 2)."""
 
@@ -96,7 +98,7 @@ def _stand_in_venv(tmp_path: Path) -> Path:
 
 
 def _tiny_snapshot(hf_home: Path) -> None:
-    from dspark_demo.tiny_models import build_qwen3_target
+    from dspark_demo.checkpoints.qwen3 import build_qwen3_target
 
     repo = hf_home / "hub" / ("models--" + TINY_MODEL.replace("/", "--"))
     build_qwen3_target(repo / "snapshots" / TINY_REVISION)
@@ -104,16 +106,22 @@ def _tiny_snapshot(hf_home: Path) -> None:
     (repo / "refs" / "main").write_text(TINY_REVISION)
 
 
+@pytest.mark.multiproc  # preflight runs vLLM's flag rules and the self-test with its Python
 def test_rank_that_exits_while_loading_fails_fast_and_is_cleaned_up(tmp_path, cli, reaper):
     fake_snapshot(tmp_path / "hf", TINY_MODEL, TINY_REVISION)
     site = _local_site(tmp_path, _stand_in_venv(tmp_path), health_timeout_s=600)
     run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (run_dir / "head.log").write_text("a line of the run before\n")
 
     result = cli("--site", site, "start")
 
     assert result.rc == 1
     assert "head rank is exited (pid" in result.err and "exit status 3" in result.err
     assert "RuntimeError: out of memory" in result.out  # the head's log tail is shown
+    # Each start writes a fresh log: what it shows is this run's; the run before is kept.
+    assert "the run before" not in result.out + (run_dir / "head.log").read_text()
+    assert (run_dir / "head.log.1").read_text() == "a line of the run before\n"
     assert _process_groups(run_dir) == []  # both pid files removed by the cleanup stop
     worker_log = (run_dir / "worker.log").read_text()
     assert "loading model" not in worker_log  # separate logs per rank
@@ -156,7 +164,7 @@ def _dspark_installed() -> bool:
 
 def _dspark_profile(tmp_path: Path) -> str:
     """cpu-tiny with DSpark on: a tiny random DSpark draft beside the target."""
-    from dspark_demo.tiny_models import DSparkDraftSpec, save_dspark_draft
+    from dspark_demo.checkpoints.qwen3 import DSparkDraftSpec, save_dspark_draft
 
     draft = save_dspark_draft(tmp_path / "draft", DSparkDraftSpec())
     profile = yaml.safe_load((PROFILES_DIR / f"{TINY_PROFILE}.yaml").read_text())
@@ -177,7 +185,7 @@ def _spec_decode_drafts(api_port: int) -> float:
     return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
 
 
-@pytest.mark.engine
+@pytest.mark.multiproc
 @pytest.mark.parametrize("speculative", ["none", "dspark"])
 def test_two_vllm_ranks_serve_through_the_head(tmp_path, cli, reaper, monkeypatch, speculative):
     """Two real `vllm serve` processes, --nnodes 2 --tensor-parallel-size 2 over gloo on

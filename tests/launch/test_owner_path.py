@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The DGX Spark owner's path around the server: image-ID pins, config readers that neither hang
 nor crash, one line-break rule for env values, and local-mode state the launcher can trust."""
 
@@ -181,25 +183,6 @@ def test_the_env_file_reads_back_what_docker_reads(tmp_path):
     with pytest.raises(ValueError, match="line break"):
         NodePlan(None, (), {"A": "abc\u2028B=1"}, frozenset()).env_file_text()  # type: ignore[arg-type]
     assert parse_env_file("A=abc\u2028B=1\n") == {"A": "abc\u2028B=1"}
-
-
-def test_the_runbook_site_file_is_valid(tmp_path):
-    """docs/dgx-spark.md's complete example loads with the shipped profile."""
-    from dspark_launch.profile import load_profile, resolve_profile_path
-    from dspark_launch.site import check_compatible, load_site
-
-    runbook = (REPO / "docs" / "dgx-spark.md").read_text()
-    example = runbook.split("## 6. The site file")[1].split("```yaml\n")[1].split("```")[0]
-    key = tmp_path / "api-key"
-    key.write_text("sk-example\n")
-    key.chmod(0o600)
-    example = example.replace("sha256:<64 hex image ID, or NAME@sha256:<repo digest>>", IMAGE_ID)
-    example = example.replace("/home/dgx/.config/dspark/api-key", str(key))
-    site_path = tmp_path / "site.yaml"
-    site_path.write_text(example)
-    site = load_site(site_path)
-    check_compatible(site, load_profile(resolve_profile_path(site.profile, tmp_path)))
-    assert site.image == IMAGE_ID and site.worker.ssh == "dgx@spark-b"
 
 
 # item 7: local-mode state the launcher can trust ---------------------------------------------

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Preflight's checks before any weights load: the serving flags against vLLM's rules for the
 pinned snapshot's config.json (head), and the GPU self-test in the image on both nodes, each
 node's verdict printed; `start --skip-selftest` skips only the latter."""
@@ -8,6 +10,7 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from launch_testlib import FAKE_REVISION, FakeCluster, write_profile
 
@@ -27,7 +30,8 @@ V4_MXFP4_CONFIG = {
 
 
 def script_runs(cluster: FakeCluster, script_arg: str) -> list[str]:
-    """Nodes on which an image Python ran a piped script whose arguments contain `script_arg`."""
+    """Nodes on which an image Python ran a piped script or a module whose arguments contain
+    `script_arg`."""
     return [
         entry["node"]
         for entry in cluster.commands()
@@ -41,9 +45,10 @@ def test_preflight_prints_each_nodes_selftest_verdict(fake_cluster, cli):
     result = cli("--site", fake_cluster.site, "preflight")
     assert result.rc == 0, result.err
     assert "GPU self-test on both nodes" in result.out
-    assert "head: ok: 7 passed, 0 skipped" in result.out
-    assert "worker (dgx@spark-b): ok: 7 passed, 0 skipped" in result.out
-    assert script_runs(fake_cluster, "- --json --max-num-seqs 4") == ["head", "worker"]
+    assert "head: ok: 8 passed, 0 skipped" in result.out
+    assert "worker (dgx@spark-b): ok: 8 passed, 0 skipped" in result.out
+    selftest = "-m tools.gpu_selftest --json --max-num-seqs 4 --runner v1"
+    assert script_runs(fake_cluster, selftest) == ["head", "worker"]
     assert script_runs(fake_cluster, "config.json") == ["head"]
 
 
@@ -68,6 +73,7 @@ def test_a_failed_selftest_stops_start_before_any_rank(fake_cluster, cli):
     assert fake_cluster.docker_runs() == ["worker", "head"]
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_serving_flags_vllm_refuses_stop_preflight_with_its_message(fake_cluster, cli, monkeypatch):
     """The real check, run by the fake image with this environment's vLLM, on a config.json
     of MXFP4 experts: the NVFP4-only backend is refused, marlin is accepted."""

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The serving-flag check (`dspark_launch/serving_flags.py`) against vLLM's own rules: the Spark
 profile's rendered head command against a tiny `config.json` of each quantisation the
 DeepSeek-V4 family ships, run as the launcher runs it (the file piped to `python3 -`).
@@ -78,12 +80,14 @@ def check(config: dict, args: list[str]) -> tuple[int, dict]:
         return 1, {"ok": False, "detail": str(e)}
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_the_spark_profile_is_accepted_for_what_its_checkpoint_ships(tmp_path):
     rc, answer = run_check(tmp_path, CHECKPOINTS["mxfp4"], spark_head_args())
     assert (rc, answer["ok"]) == (0, True), answer
     assert (answer["quantization"], answer["experts"]) == ("deepseek_v4_fp8", "mxfp4")
 
 
+@pytest.mark.multiproc  # vLLM's own check, imported in a subprocess
 def test_the_previous_spark_backend_is_refused_for_mxfp4(tmp_path):
     rc, answer = run_check(
         tmp_path, CHECKPOINTS["mxfp4"], spark_head_args(moe_backend="flashinfer_b12x")

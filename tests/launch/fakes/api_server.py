@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Stand-in for the head container's OpenAI API, started by the fake docker: answers /health,
 /v1/models and one-token completions, and appends each request's Authorization header to a file.
 Usage: api_server.py PORT AUTH_LOG"""

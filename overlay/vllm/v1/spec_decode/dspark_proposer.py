@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark speculative decoding on vLLM's V1 model runner: the entry point.
 
 The runner patch calls ``make_dspark_proposer``; it picks the proposer of the
@@ -8,40 +10,24 @@ import torch
 
 from vllm.config import VllmConfig
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark import __version__
+from vllm.v1.spec_decode.dspark.checks import check_draft
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.options import (
-    check_block_size,
-    check_draft_flags,
-    check_paged_draft_config,
-    check_safetensors_files,
-)
+from vllm.v1.spec_decode.dspark.refusal import record_refusal
 
 logger = init_logger(__name__)
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
     """The V1 DSpark proposer for the configured draft. A refusal is logged once more as
-    one short line: vLLM's start-up failure buries it in a long traceback."""
+    one short line, and recorded for the frontend to raise last (``dspark/refusal.py``):
+    vLLM's start-up failure buries it in a long traceback."""
     try:
         return _make_proposer(vllm_config, device, runner)
     except ValueError as error:
         logger.error("DSpark refused the configuration: %s", error)
+        record_refusal(vllm_config.instance_id, str(error))
         raise
-
-
-def check_draft(vllm_config: VllmConfig, family: str) -> None:
-    """The draft config's values and files, before anything is built."""
-    draft_model_config = vllm_config.speculative_config.draft_model_config
-    config = draft_model_config.hf_config
-    check_block_size(config)
-    check_draft_flags(config)
-    if family != "deepseek_v4":
-        check_paged_draft_config(
-            config,
-            target_vocab_size=vllm_config.model_config.get_vocab_size(),
-            target_hidden_size=vllm_config.model_config.get_hidden_size(),
-        )
-    check_safetensors_files(draft_model_config.model)
 
 
 def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
@@ -49,6 +35,7 @@ def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
     KV cache (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the
     proposer's own ring."""
     family = draft_family(vllm_config.speculative_config.draft_model_config)
+    logger.info("DSpark %s (dspark-vllm), %s draft.", __version__, family)
     check_draft(vllm_config, family)
     if family != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer

@@ -1,9 +1,14 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The contract between the DSpark drafter and a checkpoint family's draft network.
 
-A DSpark draft reads, per request, a window of projected target positions (the
-ring) and runs one non-causal forward over a block of query tokens. Backbones
-differ in what a ring entry holds (Qwen3: per-layer K/V; DeepSeek-V4: per-stage
-shared KV) and in the block network; the drafter's bookkeeping does not.
+A ring-context DSpark draft reads, per request, a window of projected target
+positions (the ring) and runs one non-causal forward over a block of query
+tokens. The drafter's bookkeeping (``drafter.py``) is written against this
+contract, not against the one network that implements it today, DeepSeek-V4's
+(``deepseek_v4/backbone.py``, whose ring entry is one RoPE'd KV per stage).
+Qwen3 and Gemma-4 drafts keep their context in vLLM's paged KV cache instead
+(``paged_proposer.py``) and use no backbone.
 """
 
 from abc import ABC, abstractmethod

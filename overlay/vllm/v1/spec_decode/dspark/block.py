@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The query block of a full-attention DSpark draft, from its config alone.
 
 Kept free of torch and model imports: vLLM's config reads it to reserve the KV

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """FULL CUDA graphs of the DSpark draft step, one per padded request count: the ring draft's
 block step (``DraftGraphs``) and the paged draft's stage after its forward (``ChainGraphs``;
 the forward itself replays upstream DFlash's piecewise graphs); and the capture plan of a
@@ -140,8 +142,11 @@ class RequestGraphs(ABC):
         return tuple("sampled" if sampled else "greedy" for sampled in self._graphs)
 
     def captured(self, sampled: bool = False) -> list[int]:
-        """Sizes the wrapper holds a graph for. vLLM's CUDA-graph memory profile captures and
-        then clears every wrapper's graphs; the runner's capture pass captures them again."""
+        """Sizes the wrapper holds a graph for (none for a variant not planned). vLLM's CUDA-graph
+        memory profile captures and then clears every wrapper's graphs; the runner's capture
+        pass captures them again."""
+        if sampled not in self._graphs:
+            return []
         return sorted(
             descriptor.num_tokens
             for descriptor, entry in self._graphs[sampled].concrete_cudagraph_entries.items()
@@ -347,13 +352,22 @@ class ChainGraphs(RequestGraphs):
         return (drafts,) if confidence is None else (drafts, confidence)
 
 
-def graph_and_eager_drafts_agree(proposer, sampled: bool = False) -> dict[int, bool]:
-    """For each captured size: whether replaying its graph drafts exactly what the eager draft
-    does for the same inputs (the scratch slot, distinct anchors and anchor tokens). With
-    ``sampled``: the sampled graphs at temperature 0.8, both drafts drawn from the same
-    generator state (reseeded), tokens and distributions compared. A GPU self-test calls this
-    on a loaded ``DSparkRingProposer`` after the runner captured its graphs; it writes nothing
-    but the scratch slot's block buffers and the distributions buffer."""
+def graph_and_eager_drafts_agree(proposer) -> dict[int, bool]:
+    """For each captured size: whether replaying its greedy graph drafts exactly what the eager
+    draft does for the same inputs (the scratch slot, distinct anchors and anchor tokens). A
+    GPU self-test calls this on a loaded ``DSparkRingProposer`` after the runner captured its
+    graphs; it writes nothing but the scratch slot's block buffers."""
+    return _agreement(proposer, sampled=False, seed=0)
+
+
+def sampled_graph_and_eager_drafts_agree(proposer, seed: int) -> dict[int, bool]:
+    """As ``graph_and_eager_drafts_agree`` for the sampled graphs, at temperature 0.8: both
+    drafts drawn from the generator reseeded with ``seed``, tokens and distributions compared.
+    It also writes the distributions buffer."""
+    return _agreement(proposer, sampled=True, seed=seed)
+
+
+def _agreement(proposer, sampled: bool, seed: int) -> dict[int, bool]:
     graphs, drafter = proposer.draft_graphs, proposer._drafter
     assert graphs is not None and drafter is not None, "no draft graphs were captured"
     device = drafter.ring.tags.device
@@ -373,13 +387,13 @@ def graph_and_eager_drafts_agree(proposer, sampled: bool = False) -> dict[int, b
             )
             sample = functools.partial(proposer._sample_from_logits, sampling_metadata=metadata)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(size)
+            torch.manual_seed(seed)
             with proposer._draft_context(size):
                 eager = drafter.draft(
                     slots, anchors, anchor_tokens, graphs.num_drafts, sample=sample
                 )
             eager_probs = None if eager.probs is None else eager.probs.clone()
-            torch.manual_seed(size)
+            torch.manual_seed(seed)
             replayed = graphs.draft(slots, anchors, anchor_tokens, size, metadata)
         same = torch.equal(eager.token_ids, replayed.token_ids)
         if sampled:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """A ring-attention DSpark draft: one backbone (with its heads) plus the target's embedding and
 lm_head.
 

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """One DSpark draft step over a flat, ragged batch, independent of vLLM.
 
 Given the target rows of a step (prefill chunks and verified decode rows of

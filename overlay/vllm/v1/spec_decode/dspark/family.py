@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Which DSpark draft a config names, and what the scheduler needs to know of it.
 
 The scheduler's patch imports this module when speculative decoding is DSpark, so it

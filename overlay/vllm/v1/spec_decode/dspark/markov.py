@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark's sequential stage: the low-rank Markov chain over a drafted block.
 
 The backbone scores every block position in one parallel pass; the Markov head

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark for full-attention drafts (DeepSpec Qwen3, Gemma-4) on V1's DFlash machinery.
 
 DSpark is DFlash plus a sequential Markov chain: this proposer is ``DFlashProposer``
@@ -26,6 +28,7 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
+from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -35,17 +38,17 @@ from vllm.v1.spec_decode.dspark.block import (
     num_block_drafts,
     num_block_queries,
     samples_from_anchor,
+    trained_block_size,
+)
+from vllm.v1.spec_decode.dspark.checks import (
+    PAGED_PROPOSER_UNSUPPORTED,
+    check_full_vocabulary,
+    check_loaded_draft,
 )
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
-from vllm.v1.spec_decode.dspark.options import PAGED_PROPOSER_UNSUPPORTED
-from vllm.v1.spec_decode.dspark.paged_checks import (
-    check_loaded_draft,
-    check_paged_draft,
-    draft_kv_share,
-)
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, check_k_within_block
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 
 logger = init_logger(__name__)
 
@@ -63,9 +66,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         draft_model_config = speculative_config.draft_model_config
         config = draft_model_config.hf_config
         k = speculative_config.num_speculative_tokens
-        block_size = check_k_within_block(config, k)
+        block_size = trained_block_size(config)
         self._family = draft_family(draft_model_config)
-        check_paged_draft(vllm_config, self._family)
         self.num_block_drafts = num_block_drafts(config, k)
         # Read by DFlashProposer.__init__ to size and build the query block.
         self.num_query_per_req = num_block_queries(config, k)
@@ -94,7 +96,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     @override
     def _get_model(self) -> nn.Module:
         """Upstream's loader, with the Gemma-4 draft's layer prefix, then every tensor it
-        read and every draft parameter accounted for by name."""
+        read and every draft parameter accounted for by name. A Gemma-4 draft's shipped
+        ``embed_tokens`` / ``lm_head`` are marked its own, as Qwen3's ``load_weights``
+        marks them, so that the target's are shared only when identical."""
         draft_vllm_config = self._create_draft_vllm_config()
         loader = get_model_loader(get_draft_load_config(draft_vllm_config))
         read_all_weights, shipped = loader.get_all_weights, []
@@ -111,6 +115,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
                 model_config=self.draft_model_config,
                 prefix=_DRAFT_PREFIX.get(self._family, ""),
             )
+        if self._family == "gemma4":
+            for name in shipped:
+                process_eagle_weight(model, name)
         check_loaded_draft(model, shipped)
         return model
 
@@ -118,11 +125,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
         model = self.model
-        if model.draft_id_to_target_id is not None:
-            raise ValueError(
-                f"'{self.draft_model_config.model}' drafts from a reduced vocabulary (d2t); "
-                "the V1 DSpark proposer supports full-vocabulary drafts only."
-            )
+        check_full_vocabulary(
+            model.draft_id_to_target_id is not None, self.draft_model_config.model
+        )
         # DeepSpec adds the Markov bias to the soft-capped base logits; the
         # model's own bias goes through its capping logits processor.
         self._markov_logits = copy.copy(model.logits_processor)
@@ -288,3 +293,16 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     def _markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
         """``W2 · W1[previous token]``, uncapped."""
         return self.model.model.markov_head.bias(markov_embed, self._markov_logits)
+
+
+def draft_kv_share(kv_cache_config: KVCacheConfig, draft_layer_names: set[str]) -> float:
+    """Fraction of the KV-cache bytes held by the draft's layers."""
+    total = draft = 0
+    for group in kv_cache_config.kv_cache_groups:
+        specs = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        for name in group.layer_names:
+            spec = specs[name] if specs else group.kv_cache_spec
+            total += spec.page_size_bytes
+            if name in draft_layer_names:
+                draft += spec.page_size_bytes
+    return draft / total if total else 0.0

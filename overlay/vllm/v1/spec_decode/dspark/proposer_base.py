@@ -1,4 +1,6 @@
-"""What both V1 DSpark proposers share: their options, start-up checks, the per-position
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""What both V1 DSpark proposers share: their options, the per-position
 sampler, the confidence-scheduled lengths and the draft log."""
 
 import functools
@@ -8,23 +10,11 @@ import torch
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.spec_decode.dspark.block import trained_block_size
-from vllm.v1.spec_decode.dspark.draft_log import append_draft_log
+from vllm.v1.spec_decode.dspark.checks import check_confidence_head
+from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
-
-
-def check_k_within_block(config, k: int) -> int | None:
-    """The draft's trained block size (None: not recorded); k beyond it is refused."""
-    block_size = trained_block_size(config)
-    if block_size and k > block_size:
-        raise ValueError(
-            f"num_speculative_tokens={k} exceeds the DSpark draft's trained block size "
-            f"{block_size}: it never learned to predict that far. Use "
-            f"num_speculative_tokens <= {block_size}."
-        )
-    return block_size
 
 
 class DSparkProposerMixin:
@@ -39,6 +29,7 @@ class DSparkProposerMixin:
             target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
             unsupported=unsupported,
         )
+        self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
         self._draft_cudagraph_mode: CUDAGraphMode | None = None
 
@@ -59,12 +50,9 @@ class DSparkProposerMixin:
         return mode
 
     def _check_confidence_head(self, has_confidence_head: bool) -> None:
-        if self.options.scheduling.needs_confidence and not has_confidence_head:
-            raise ValueError(
-                f"dspark_confidence_scheduler={self.options.scheduling.scheduler!r} "
-                f"needs a draft with a confidence head; '{self.draft_model_config.model}' has "
-                "none (enable_confidence_head and confidence_head.* weights)."
-            )
+        check_confidence_head(
+            self.options.scheduling.scheduler, has_confidence_head, self.draft_model_config.model
+        )
 
     def _position_sampler(self, sampling_metadata: SamplingMetadata) -> PositionSampler:
         """vLLM's draft sampler (``_sample_from_logits``) for one block position;
@@ -88,12 +76,6 @@ class DSparkProposerMixin:
     ) -> None:
         """Debug log (``dspark_draft_log``): per request, the last context position
         before the block, the anchor token, the drafts and the scheduled length."""
+        assert self._draft_log is not None
         req_ids = self._runner.input_batch.req_ids[: drafts.shape[0]]
-        append_draft_log(
-            self.options.draft_log,
-            req_ids,
-            anchors,
-            anchor_tokens,
-            drafts,
-            self._draft_token_lengths,
-        )
+        self._draft_log.append(req_ids, anchors, anchor_tokens, drafts, self._draft_token_lengths)

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Per-slot sliding window of the last W projected target positions (the DSpark "main KV").
 
 Every entry carries the absolute position it was written for (-1 = empty), and a read only

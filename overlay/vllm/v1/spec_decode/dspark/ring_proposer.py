@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark for DeepSeek-V4 on V1, with the draft context kept by the proposer itself.
 
 A per-request ring of projected target positions ("ring"), addressed through a
@@ -33,6 +35,8 @@ from vllm.utils.torch_utils import async_tensor_h2d, set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.spec_decode.dspark.block import trained_block_size
+from vllm.v1.spec_decode.dspark.checks import DEEPSEEK_V4_UNSUPPORTED, RING_PROPOSER_UNSUPPORTED
 from vllm.v1.spec_decode.dspark.cudagraph import DraftGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     build_deepseek_v4_draft_model,
@@ -43,8 +47,7 @@ from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample
-from vllm.v1.spec_decode.dspark.options import DEEPSEEK_V4_UNSUPPORTED, RING_PROPOSER_UNSUPPORTED
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, check_k_within_block
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
 from vllm.v1.spec_decode.eagle import EagleProposer
@@ -89,7 +92,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             vllm_config, runner, {**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED}
         )
         self._slot_table = SlotTable(self.max_batch_size)
-        # The brief's names for the table's state (the same dict and heap list).
+        # Short names for the table's state (the same dict and heap list).
         self._req_id_to_slot = self._slot_table.req_id_to_slot
         self._free_slots = self._slot_table.free_slots
         for name in _UNUSED_BASE_BUFFERS:
@@ -161,7 +164,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
     def _build_draft_model(self) -> DSparkRingDraft:
         """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
         config = self.draft_model_config.hf_config
-        block_size = check_k_within_block(config, self.num_speculative_tokens)
+        block_size = trained_block_size(config)
         if block_size and self.num_speculative_tokens < block_size:
             logger.info(
                 "DSpark draft trained with block size %d drafts k=%d tokens per step.",

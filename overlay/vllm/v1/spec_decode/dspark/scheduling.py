@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Confidence-scheduled draft lengths for DSpark (docs/confidence-scheduling.md).
 
 `off` verifies all `k` drafts. `threshold` is DeepSpec's rule (`_confident_prefix_length` in

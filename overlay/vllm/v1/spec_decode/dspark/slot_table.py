@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Request-stable slots for the DSpark draft state.
 
 vLLM's V1 runner moves requests between batch rows whenever another request finishes

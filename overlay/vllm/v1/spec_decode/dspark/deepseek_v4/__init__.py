@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DeepSeek-V4-Flash DSpark draft on vLLM's DeepSeek-V4 modules, and its strict loader.
 
 Lazy: importing the package (or its torch-free ``config`` module) loads no V4 model code;

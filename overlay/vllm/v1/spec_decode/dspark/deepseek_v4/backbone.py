@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The DeepSeek-V4-Flash DSpark draft (``mtp.0..N-1`` of the target checkpoint) as a backbone."""
 
 import torch

@@ -1,13 +1,21 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Validated view of the DeepSeek-V4 checkpoint fields the DSpark draft reads.
 
 The checkpoint's ``config.json`` is the only description of the draft, and the reference recipe
 never validated it, so every field is checked once at load; a bad value fails naming the field.
+Types and ranges are pydantic's, as vLLM validates its own configs; the rules that span fields
+are ``_check_geometry``.
 """
 
 import itertools
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, ValidationError, model_validator
+from pydantic.dataclasses import dataclass
+
+PositiveInt = Annotated[StrictInt, Field(gt=0)]
 
 
 class DSparkConfigError(ValueError):
@@ -18,34 +26,40 @@ class DSparkConfigError(ValueError):
 class DeepSeekV4DSparkConfig:
     """Geometry of the draft; names match the checkpoint's ``config.json``."""
 
-    hidden_size: int
-    vocab_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    head_dim: int
-    qk_rope_head_dim: int
-    q_lora_rank: int
-    o_lora_rank: int
-    o_groups: int
-    sliding_window: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    hc_mult: int
-    hc_sinkhorn_iters: int
-    hc_eps: float
-    n_routed_experts: int
-    num_experts_per_tok: int
-    moe_intermediate_size: int
-    n_shared_experts: int
-    routed_scaling_factor: float
-    swiglu_limit: float
-    dspark_block_size: int
-    dspark_noise_token_id: int
-    dspark_target_layer_ids: tuple[int, ...]
-    dspark_markov_rank: int
-    num_hash_layers: int = 0
-    enable_confidence_head: bool = True
+    hidden_size: StrictInt
+    vocab_size: StrictInt
+    num_hidden_layers: StrictInt
+    num_attention_heads: StrictInt
+    head_dim: StrictInt
+    qk_rope_head_dim: StrictInt
+    q_lora_rank: StrictInt
+    o_lora_rank: StrictInt
+    o_groups: StrictInt
+    sliding_window: PositiveInt
+    rms_norm_eps: StrictFloat
+    rope_theta: StrictFloat
+    max_position_embeddings: StrictInt
+    hc_mult: PositiveInt
+    hc_sinkhorn_iters: PositiveInt
+    hc_eps: StrictFloat
+    n_routed_experts: StrictInt
+    num_experts_per_tok: PositiveInt
+    moe_intermediate_size: StrictInt
+    n_shared_experts: StrictInt
+    routed_scaling_factor: StrictFloat
+    swiglu_limit: StrictFloat
+    dspark_block_size: PositiveInt
+    dspark_noise_token_id: Annotated[StrictInt, Field(ge=0)]
+    dspark_target_layer_ids: Annotated[tuple[StrictInt, ...], Field(min_length=1)]
+    """One draft stage per id."""
+    dspark_markov_rank: Annotated[StrictInt, Field(ge=0)]
+    num_hash_layers: StrictInt = 0
+    enable_confidence_head: StrictBool = True
+    # Fixed by this implementation; a checkpoint may restate them.
+    hidden_act: Literal["silu"] = "silu"
+    scoring_func: Literal["sqrtsoftplus"] = "sqrtsoftplus"
+    topk_method: Literal["noaux_tc"] = "noaux_tc"
+    norm_topk_prob: Literal[True] = True
 
     @property
     def num_stages(self) -> int:
@@ -63,45 +77,22 @@ class DeepSeekV4DSparkConfig:
         rope_parameters = source.get("rope_parameters") or {}
         if "rope_theta" not in source and "rope_theta" in rope_parameters:
             source["rope_theta"] = rope_parameters["rope_theta"]
-        values: dict[str, Any] = {}
-        for field in fields(cls):
-            if field.name in source:
-                values[field.name] = source[field.name]
-            elif field.default is MISSING:
-                raise DSparkConfigError(
-                    f"the checkpoint config has no `{field.name}`; a DeepSeek-V4 DSpark "
-                    "checkpoint must define it in config.json"
-                )
-        _check_fixed_choices(source)
-        ids = values["dspark_target_layer_ids"]
-        if not isinstance(ids, (list, tuple)) or not all(type(i) is int for i in ids):
-            raise DSparkConfigError(
-                f"dspark_target_layer_ids must be a list of integers, got {ids!r}"
-            )
-        values["dspark_target_layer_ids"] = tuple(ids)
-        _check_types(values)
-        config = cls(**values)
-        config._validate()
-        return config
+        names = cls.__dataclass_fields__
+        try:
+            return cls(**{name: value for name, value in source.items() if name in names})
+        except ValidationError as error:
+            raise DSparkConfigError(_first_problem(error)) from None
 
-    def _validate(self) -> None:
+    @model_validator(mode="after")
+    def _check_geometry(self) -> "DeepSeekV4DSparkConfig":
         ids = self.dspark_target_layer_ids
         last_layer = self.num_hidden_layers - 1
         checks = [
             (
-                self.dspark_block_size > 0,
-                f"dspark_block_size must be > 0, got {self.dspark_block_size}",
-            ),
-            (
-                0 <= self.dspark_noise_token_id < self.vocab_size,
+                self.dspark_noise_token_id < self.vocab_size,
                 f"dspark_noise_token_id must be in [0, vocab_size={self.vocab_size}), "
                 f"got {self.dspark_noise_token_id}",
             ),
-            (
-                self.dspark_markov_rank >= 0,
-                f"dspark_markov_rank must be >= 0, got {self.dspark_markov_rank}",
-            ),
-            (len(ids) > 0, "dspark_target_layer_ids must not be empty (one draft stage per id)"),
             (
                 all(a < b for a, b in itertools.pairwise(ids)),
                 f"dspark_target_layer_ids must be strictly increasing, got {list(ids)}",
@@ -117,7 +108,6 @@ class DeepSeekV4DSparkConfig:
                 "target cannot tap (it exposes features after decoder layers only); list decoder "
                 "layers only",
             ),
-            (self.sliding_window > 0, f"sliding_window must be > 0, got {self.sliding_window}"),
             (
                 0 < self.qk_rope_head_dim <= self.head_dim and self.qk_rope_head_dim % 2 == 0,
                 f"qk_rope_head_dim must be even and in (0, head_dim={self.head_dim}], "
@@ -129,49 +119,31 @@ class DeepSeekV4DSparkConfig:
                 f"o_groups={self.o_groups}",
             ),
             (
-                0 < self.num_experts_per_tok <= self.n_routed_experts,
+                self.num_experts_per_tok <= self.n_routed_experts,
                 f"num_experts_per_tok must be in [1, n_routed_experts={self.n_routed_experts}], "
                 f"got {self.num_experts_per_tok}",
             ),
-            (self.hc_mult > 0, f"hc_mult must be > 0, got {self.hc_mult}"),
             (
-                self.hc_sinkhorn_iters > 0,
-                f"hc_sinkhorn_iters must be > 0, got {self.hc_sinkhorn_iters}",
-            ),
-            (
-                max(self.num_hidden_layers, ids[-1] + 1 if ids else 0) >= self.num_hash_layers,
+                max(self.num_hidden_layers, ids[-1] + 1) >= self.num_hash_layers,
                 f"the draft stages would fall inside num_hash_layers={self.num_hash_layers}, "
                 "which use hash routing; this draft supports noaux_tc routing only",
             ),
         ]
         for ok, message in checks:
             if not ok:
-                raise DSparkConfigError(message)
+                raise ValueError(message)
+        return self
 
 
-# Fields whose value is fixed by this implementation: (name, accepted values, default when absent).
-_FIXED_CHOICES: tuple[tuple[str, tuple[Any, ...], Any], ...] = (
-    ("hidden_act", ("silu",), "silu"),
-    ("scoring_func", ("sqrtsoftplus",), "sqrtsoftplus"),
-    ("topk_method", ("noaux_tc",), "noaux_tc"),
-    ("norm_topk_prob", (True,), True),
-)
-
-
-def _check_types(values: dict[str, Any]) -> None:
-    for field in fields(DeepSeekV4DSparkConfig):
-        value = values.get(field.name, field.default)
-        if field.type is int and type(value) is not int:
-            raise DSparkConfigError(f"{field.name} must be an integer, got {value!r}")
-        if field.type is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise DSparkConfigError(f"{field.name} must be a number, got {value!r}")
-
-
-def _check_fixed_choices(source: Mapping[str, Any]) -> None:
-    for name, accepted, default in _FIXED_CHOICES:
-        value = source.get(name, default)
-        if value not in accepted:
-            raise DSparkConfigError(
-                f"{name} = {value!r} is not supported by the DeepSeek-V4 DSpark draft "
-                f"(supported: {', '.join(map(repr, accepted))})"
-            )
+def _first_problem(error: ValidationError) -> str:
+    """pydantic's first complaint as one line naming the field."""
+    problem = error.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in problem["loc"])
+    if problem["type"] == "missing":
+        return (
+            f"the checkpoint config has no `{field}`; a DeepSeek-V4 DSpark checkpoint must "
+            "define it in config.json"
+        )
+    if not field:  # a rule across fields (``_check_geometry``)
+        return str(problem["ctx"]["error"])
+    return f"{field} = {problem['input']!r}: {problem['msg']}"

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """The DeepSeek-V4 DSpark draft: the V4 backbone inside the shared ``DSparkRingDraft``."""
 
 from collections.abc import Mapping

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """One DeepSeek-V4 DSpark draft stage, built from vLLM's own DeepSeek-V4 building blocks.
 
 The MoE is the target's ``DeepseekV4MoE`` of the running platform (the class

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Strict loader for the DeepSeek-V4 DSpark draft stored as ``mtp.{s}.*`` in the target checkpoint.
 
 A check around upstream's remap. Every draft tensor the config implies must be present and every
@@ -59,7 +61,8 @@ _SHOWN_NAMES = 20
 _SCALE_SUFFIXES = (".weight_scale_inv", ".weight_scale")
 
 
-# safetensors header dtype names (https://github.com/huggingface/safetensors, format.md).
+# safetensors header dtype names (https://github.com/huggingface/safetensors, format.md);
+# safetensors.torch's own table has no F8_E8M0, V4-Flash's expert scales.
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -96,6 +99,10 @@ class CheckpointDraftTensors(Mapping[str, Tensor]):
     into a fresh tensor (no memory map, whose touched pages would stay in the process's resident
     set until the file closes), so the caller holds it alone and frees it by dropping it.
     Iteration follows the files and their byte order.
+
+    The header is parsed here rather than through ``safetensors.safe_open``, which reads through
+    a memory map and exposes no byte offsets; safetensors itself has already refused an
+    incomplete file of a local checkpoint at start-up (``checks.check_safetensors_files``).
     """
 
     def __init__(self, files: list[str]) -> None:

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The tiny V4 checkpoint quantised as DeepSeek-V4-Flash ships, and its dequantised bf16 twin.
 
 V4-Flash's ``quantization_config`` (``fp8``, ``e4m3``, ``ue8m0`` scales, 128x128 blocks) and
@@ -20,9 +22,9 @@ import re
 import torch
 from torch import Tensor
 
-from dspark_demo import tiny_v4
+from dspark_demo.checkpoints import deepseek_v4
+from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
 from dspark_demo.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
-from dspark_demo.tiny_v4 import TINY_V4_CONFIG
 
 FP8_MAX = 448.0
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -154,8 +156,8 @@ def moe_oracle_checkpoint(config: dict = QUANTISED_V4_CONFIG) -> dict[str, Tenso
     """The context-dependent oracle (``target_noise`` 0.3) whose draft's routed experts contribute:
     the random checkpoint's expert weights, ``w2`` times ``MOE_W2_GAIN``, ``w1``/``w3`` times
     ``MOE_W13_GAIN``."""
-    checkpoint = tiny_v4.oracle_v4_checkpoint(config, target_noise=0.3)
-    random = tiny_v4.random_v4_checkpoint(config)
+    checkpoint = deepseek_v4.oracle_v4_checkpoint(config, target_noise=0.3)
+    random = deepseek_v4.random_v4_checkpoint(config)
     for name in checkpoint:
         if name.startswith("mtp.") and _EXPERT.fullmatch(name):
             gain = MOE_W2_GAIN if name.endswith("w2.weight") else MOE_W13_GAIN

@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """One bounded YAML reader for every config file the project reads: the launcher's site file and
 profiles, the image entrypoint's `--config` check and `recipe/pins.yaml`.
 

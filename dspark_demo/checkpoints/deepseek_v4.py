@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A tiny DeepSeek-V4 target whose checkpoint carries its DSpark draft as ``mtp.*``.
 
 Config keys and tensor names are those DeepSeek-V4-Flash ships (the config starts from the
@@ -17,11 +19,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from dspark_demo.checkpoints.common import NOISE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
 from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
-from dspark_demo.tiny_models import build_tokenizer
-
-VOCAB_SIZE = 1000
-NOISE_TOKEN_ID = 4
 
 # The published DeepSeek-V4-Flash config, cut down: every key it ships, unquantised, 2 layers
 # without compression or hash routing, 64 experts (the fewest ``biased_topk_cpu`` takes).

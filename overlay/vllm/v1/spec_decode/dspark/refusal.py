@@ -1,0 +1,71 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+"""A DSpark refusal as the last thing a failed start-up prints.
+
+vLLM's multiprocess start-up drops a worker's exception on the way out: the engine core reports
+only that a worker failed, and the frontend (``LLM``, ``vllm serve``) only that the engine core
+did ("See root cause above"), so the one line that names the field and the fix ends far above
+the last line. The worker that refuses records the message in a private file named by the
+engine's ``instance_id``, which every process of one engine shares; the frontend's start-up
+(``launch_core_engines``, patched) raises it in place of vLLM's error. An in-process engine
+core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) raises the refusal itself, so nothing is recorded.
+Only this module's own files are read: created exclusively, never through a link, owned by
+this user.
+"""
+
+import contextlib
+import glob
+import os
+import stat
+import tempfile
+
+from vllm import envs
+
+_PREFIX = "dspark-refusal-"
+_MAX_BYTES = 65536
+
+
+def _path(instance_id: str) -> str:
+    return os.path.join(tempfile.gettempdir(), _PREFIX + instance_id)
+
+
+def record_refusal(instance_id: str, message: str) -> None:
+    """Keep ``message`` for the frontend. The first rank to refuse wins; a rank that cannot
+    write leaves the log line it already wrote as the only record."""
+    if not envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+        return
+    try:
+        fd = os.open(
+            _path(instance_id), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+        )
+    except OSError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as note:
+        note.write(message)
+
+
+def _take(path: str) -> str | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+            return None
+        message = os.read(fd, _MAX_BYTES).decode("utf-8", "replace").strip()
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    return message or None
+
+
+def raise_recorded_refusal(instance_id: str) -> None:
+    """Raise the refusal a worker of this engine recorded (a data-parallel rank suffixes the
+    id with ``_dp<rank>``), and remove it; return when there is none."""
+    base = _path(instance_id)
+    for path in [base, *sorted(glob.glob(glob.escape(base) + "_dp*"))]:
+        message = _take(path)
+        if message:
+            raise ValueError(f"DSpark refused the configuration: {message}") from None

@@ -1,0 +1,34 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""The test tiers, marked by folder (pyproject.toml registers them; CONTRIBUTING.md lists them).
+
+- ``unit``: pure logic and vLLM's config objects, the installer, the launcher with fakes; no
+  engine, no vLLM subprocess.
+  The fast tier: ``pytest -m unit``.
+- ``engine``: a real in-process vLLM CPU engine (``tests/engine``, ``tests/engine_v4``, and tests
+  elsewhere marked so).
+- ``multiproc``: vLLM in other processes (tensor parallel 2, ``vllm serve``, its CLI or config
+  checks run in a subprocess), marked per test.
+- ``docker``: the Dockerfiles, the image's scripts and the images themselves (``tests/docker``).
+
+A test gets its folder's tier unless it is marked ``engine``, ``multiproc`` or ``docker`` itself;
+whatever is none of these is ``unit``.
+"""
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+FOLDER_TIERS = {"engine": "engine", "engine_v4": "engine", "docker": "docker"}
+TIERS = ("engine", "multiproc", "docker")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        folder = item.path.relative_to(TESTS).parts[0]
+        if folder in FOLDER_TIERS and not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(FOLDER_TIERS[folder])
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker("unit")
