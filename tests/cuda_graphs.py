@@ -166,3 +166,68 @@ def graphs_on_cpu(monkeypatch: pytest.MonkeyPatch, proposer_module: ModuleType) 
     monkeypatch.setattr(proposer_module, "current_platform", cuda)
     monkeypatch.setattr(cudagraph, "CUDAGraphWrapper", PassThroughGraph)
     PassThroughGraph.calls = []
+
+
+# Each engine of a graph-vs-eager comparison runs a greedy batch, then one mixing greedy and
+# sampled requests (one request's temperature each).
+TEMPERATURES = {"greedy": [0.0, 0.0, 0.0], "sampled": [0.0, 0.8, 1.0]}
+
+
+def record_replays(graphs, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
+    """Every ``draft`` of ``graphs`` (``DraftGraphs`` or ``ChainGraphs``, whose calls end with
+    the anchor tokens, the size and the sampling metadata) as (requests, size, sampled)."""
+    replayed: list[tuple[int, int, bool]] = []
+    draft = graphs.draft
+
+    def recorded(*args):
+        anchor_tokens, size, metadata = args[-3:]
+        replayed.append((anchor_tokens.shape[0], size, metadata is not None))
+        return draft(*args)
+
+    monkeypatch.setattr(graphs, "draft", recorded)
+    return replayed
+
+
+def draft_steps(engine) -> dict[str, float]:
+    """``vllm:spec_decode_draft_steps`` by its ``cudagraph_mode`` label."""
+    return {
+        metric.labels["cudagraph_mode"]: metric.value
+        for metric in engine.llm.get_metrics()
+        if metric.name == "vllm:spec_decode_draft_steps"
+    }
+
+
+def run_batches(
+    engine, prompts: list[list[int]], max_tokens: list[int], replayed: list, log: Path
+) -> dict:
+    """The ``TEMPERATURES`` batches, the global generator reseeded before each (the draft
+    sampler draws from it; the target's sampler uses per-request seeds): per batch the tokens,
+    the draft steps counted by mode and the replays; and every logged draft."""
+    import torch
+
+    from dspark_demo.engine import read_draft_log
+    from vllm import SamplingParams
+
+    runs: dict = {}
+    for kind, temperatures in TEMPERATURES.items():
+        params = [
+            SamplingParams(temperature=t, seed=i, max_tokens=n, ignore_eos=True)
+            for i, (t, n) in enumerate(zip(temperatures, max_tokens, strict=True))
+        ]
+        before = draft_steps(engine)
+        torch.manual_seed(1234)
+        outputs = engine.llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+        )
+        steps = draft_steps(engine)
+        runs[kind] = {
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+            "steps": {mode: steps[mode] - before[mode] for mode in steps},
+            "replayed": list(replayed),
+        }
+        replayed.clear()
+    runs["log"] = {
+        request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
+        for request, records in read_draft_log(log).items()
+    }
+    return runs

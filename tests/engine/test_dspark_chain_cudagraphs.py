@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
-from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log
-from tests.cuda_graphs import graphs_on_cpu
+from dspark_demo.engine import TinyEngine, dspark_config
+from tests.cuda_graphs import TEMPERATURES, graphs_on_cpu, record_replays, run_batches
 
 K = 4
 PROMPTS = [[5 + 3 * i + j for j in range(12 + 5 * i)] for i in range(3)]
 MAX_TOKENS = [8, 12, 16]
-TEMPERATURES = {"greedy": [0.0, 0.0, 0.0], "sampled": [0.0, 0.8, 1.0]}
 
 
 @pytest.fixture(scope="module")
@@ -33,15 +31,12 @@ def chain_runs(tiny, tmp_path_factory) -> dict[str, dict[str, Any]]:
 
 
 def run_path(tiny, path: str, root: Path) -> dict[str, Any]:
-    from vllm import SamplingParams
     from vllm.v1.spec_decode.dspark import paged_proposer
 
     log = root / f"{path}.log"
     spec = dspark_config(
         tiny.bigram_draft, K, draft_sample_method="probabilistic", dspark_draft_log=str(log)
     )
-    runs: dict[str, Any] = {}
-    replayed: list[tuple[int, int, bool]] = []
     with pytest.MonkeyPatch.context() as monkeypatch:
         if path == "graph":
             graphs_on_cpu(monkeypatch, paged_proposer)
@@ -49,47 +44,12 @@ def run_path(tiny, path: str, root: Path) -> dict[str, Any]:
         with TinyEngine(tiny.bigram_target, spec, max_num_seqs=4) as engine:
             proposer = engine.model_runner.drafter
             graphs = proposer.chain_graphs
+            replayed = []
             if path == "graph":
                 proposer.dummy_run(8, use_cudagraphs=False, is_graph_capturing=True)
                 assert graphs.captured() == graphs.captured(sampled=True) == [1, 2, 3, 4]
-                draft = graphs.draft
-
-                def recorded(hidden_states, anchor_tokens, size, metadata=None):
-                    replayed.append((anchor_tokens.shape[0], size, metadata is not None))
-                    return draft(hidden_states, anchor_tokens, size, metadata)
-
-                monkeypatch.setattr(graphs, "draft", recorded)
-            for kind, temperatures in TEMPERATURES.items():
-                params = [
-                    SamplingParams(temperature=t, seed=i, max_tokens=n, ignore_eos=True)
-                    for i, (t, n) in enumerate(zip(temperatures, MAX_TOKENS, strict=True))
-                ]
-                before = draft_steps(engine)
-                torch.manual_seed(1234)
-                outputs = engine.llm.generate(
-                    [{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False
-                )
-                steps = draft_steps(engine)
-                runs[kind] = {
-                    "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-                    "steps": {mode: steps[mode] - before[mode] for mode in steps},
-                    "replayed": list(replayed),
-                }
-                replayed.clear()
-            runs["log"] = {
-                request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
-                for request, records in read_draft_log(log).items()
-            }
-    return runs
-
-
-def draft_steps(engine: TinyEngine) -> dict[str, float]:
-    """``vllm:spec_decode_draft_steps`` by its ``cudagraph_mode`` label."""
-    return {
-        metric.labels["cudagraph_mode"]: metric.value
-        for metric in engine.llm.get_metrics()
-        if metric.name == "vllm:spec_decode_draft_steps"
-    }
+                replayed = record_replays(graphs, monkeypatch)
+            return run_batches(engine, PROMPTS, MAX_TOKENS, replayed, log)
 
 
 def test_chain_graphs_draft_exactly_what_the_eager_chain_drafts(chain_runs):

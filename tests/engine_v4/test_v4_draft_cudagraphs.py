@@ -16,17 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.engine import TinyEngine, read_draft_log
+from dspark_demo.engine import TinyEngine
 from tests.cuda_graphs import (
+    TEMPERATURES,
     PassThroughGraph,
     SizingArgs,
     graphs_on_cpu,
     profile_sizing_args,
+    record_replays,
     rendered_serve_args,
+    run_batches,
     size_as_on_cuda,
 )
 from tests.engine_v4 import standins
@@ -123,9 +125,8 @@ def test_the_runners_capture_passes_capture_a_draft_graph_for_every_decode_batch
     assert sorted(size for kind, size in PassThroughGraph.calls if kind == "capture") == sorted(
         2 * captured
     )
-    assert f"FULL CUDA graphs captured for {captured} requests (greedy and sampled drafts)" in (
-        caplog.text
-    )
+    logged = f"FULL CUDA graphs of the block step captured for {captured} requests"
+    assert f"{logged} (greedy and sampled drafts)" in caplog.text
 
 
 def test_the_plan_for_vllms_defaults_follows_the_targets_decode_graphs(spark, spark_model):
@@ -181,7 +182,6 @@ def test_no_draft_graphs_with_enforce_eager_a_target_without_graphs_or_off_cuda(
 
 PROMPTS = [cycle_prompt(10 + PERIOD * i, 40 + 7 * i) for i in range(3)]
 MAX_TOKENS = [8, 12, 16]
-TEMPERATURES = {"greedy": [0.0, 0.0, 0.0], "sampled": [0.0, 0.8, 1.0]}
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +198,6 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
     """One engine's runs. The graph engine's graphs are captured by the proposer's own
     ``dummy_run`` in a capture pass, cleared as vLLM's memory profile clears them, and captured
     again."""
-    from vllm import SamplingParams
     from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.spec_decode.dspark.cudagraph import (
         graph_and_eager_drafts_agree,
@@ -207,8 +206,6 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
 
     log = root / f"{path}.log"
     spec = dspark(4, draft_sample_method="probabilistic", dspark_draft_log=str(log))
-    runs: dict[str, Any] = {}
-    replayed: list[tuple[int, int, bool]] = []
     with pytest.MonkeyPatch.context() as monkeypatch:
         if path == "graph":
             graphs_on_cpu(monkeypatch, ring_proposer)
@@ -216,60 +213,21 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
         with TinyEngine(model, spec, **V4_ENGINE_ARGS, max_num_seqs=4) as engine:
             proposer = engine.model_runner.drafter
             graphs = proposer.draft_graphs
+            replayed = []
             if path == "graph":
                 proposer.dummy_run(1, use_cudagraphs=False, is_graph_capturing=True)
                 for wrapper in graphs._graphs.values():
                     wrapper.concrete_cudagraph_entries.clear()
                 assert graphs.padded_size(1) is None
                 proposer.dummy_run(1, use_cudagraphs=False, is_graph_capturing=True)
-                record_replays(graphs, replayed, monkeypatch)
-            for kind, temperatures in TEMPERATURES.items():
-                params = [
-                    SamplingParams(temperature=t, seed=i, max_tokens=n, ignore_eos=True)
-                    for i, (t, n) in enumerate(zip(temperatures, MAX_TOKENS, strict=True))
-                ]
-                before = draft_steps(engine)
-                torch.manual_seed(1234)
-                outputs = engine.llm.generate(
-                    [{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False
-                )
-                steps = draft_steps(engine)
-                runs[kind] = {
-                    "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-                    "steps": {mode: steps[mode] - before[mode] for mode in steps},
-                    "replayed": list(replayed),
-                }
-                replayed.clear()
-            runs["log"] = {
-                request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
-                for request, records in read_draft_log(log).items()
-            }
+                replayed = record_replays(graphs, monkeypatch)
+            runs = run_batches(engine, PROMPTS, MAX_TOKENS, replayed, log)
             if graphs is not None:
                 runs["agree"] = {
                     False: graph_and_eager_drafts_agree(proposer),
                     True: sampled_graph_and_eager_drafts_agree(proposer, seed=3),
                 }
     return runs
-
-
-def record_replays(graphs, replayed: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Append (requests, size replayed, sampled) for every ``DraftGraphs.draft``."""
-    draft = graphs.draft
-
-    def recorded(slots, anchors, anchor_tokens, size, metadata=None):
-        replayed.append((slots.shape[0], size, metadata is not None))
-        return draft(slots, anchors, anchor_tokens, size, metadata)
-
-    monkeypatch.setattr(graphs, "draft", recorded)
-
-
-def draft_steps(engine: TinyEngine) -> dict[str, float]:
-    """``vllm:spec_decode_draft_steps`` by its ``cudagraph_mode`` label."""
-    return {
-        metric.labels["cudagraph_mode"]: metric.value
-        for metric in engine.llm.get_metrics()
-        if metric.name == "vllm:spec_decode_draft_steps"
-    }
 
 
 def test_graph_path_drafts_exactly_what_the_eager_path_drafts(replay_runs):

@@ -34,6 +34,7 @@ from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
+from vllm.logger import init_logger
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -41,6 +42,8 @@ from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+
+logger = init_logger(__name__)
 
 SampleFromLogits = Callable[[torch.Tensor, SamplingMetadata], tuple[torch.Tensor, torch.Tensor]]
 """vLLM's draft sampler (``SpecDecodeBaseProposer._sample_from_logits``)."""
@@ -103,10 +106,13 @@ class RequestGraphs(ABC):
     replayed by vLLM's ``CUDAGraphWrapper`` (keyed by a ``BatchDescriptor``, as vLLM's own graphs
     are): one set for greedy drafts and, given vLLM's draft sampler, one for sampled ones.
 
-    Subclasses hold the stage's fixed inputs, pad them (``_pad``) and run the stage on them
-    (``_run``); rows past the batch are padding and are dropped. Sampled graphs write their
-    distributions into the proposer's ``draft_probs`` buffer, as the eager step does.
+    Subclasses name the stage (``stage``), hold its fixed inputs, pad them (``_pad``) and run
+    the stage on them (``_run``); rows past the batch are padding and are dropped. Sampled
+    graphs write their distributions into the proposer's ``draft_probs`` buffer, as the eager
+    step does.
     """
+
+    stage: str
 
     def __init__(
         self,
@@ -159,11 +165,13 @@ class RequestGraphs(ABC):
         index = bisect.bisect_left(captured, num_requests)
         return captured[index] if index < len(captured) else None
 
-    def capture_missing(self, sampling_metadata: SamplingMetadata) -> list[int]:
+    def capture_missing(self, sampling_metadata: SamplingMetadata) -> None:
         """Capture every planned size not captured yet, largest first (smaller graphs reuse its
-        memory pool), each after vLLM's number of warm-up runs; inside the runner's
-        capture pass. ``sampling_metadata``: any batch's (its fields other than the
-        temperatures are not read). Returns the sizes now captured for every variant."""
+        memory pool), each after vLLM's number of warm-up runs, then log the sizes captured;
+        inside the runner's capture pass. ``sampling_metadata``: any batch's (its fields other
+        than the temperatures are not read)."""
+        if all(self.captured(sampled) == self.sizes for sampled in self._graphs):
+            return
         warmups = self._vllm_config.compilation_config.cudagraph_num_of_warmups
         for sampled in self._graphs:
             for size in reversed(self.sizes):
@@ -175,7 +183,12 @@ class RequestGraphs(ABC):
                         self._graphs[sampled](size)
                 with self._context(size, CUDAGraphMode.FULL):
                     self._graphs[sampled](size)
-        return sorted(set.intersection(*(set(self.captured(s)) for s in self._graphs)))
+        logger.info(
+            "DSpark draft: FULL CUDA graphs of the %s captured for %s requests (%s drafts).",
+            self.stage,
+            sorted(set.intersection(*(set(self.captured(s)) for s in self._graphs))),
+            " and ".join(self.variants),
+        )
 
     def _replay(
         self,
@@ -234,6 +247,8 @@ class DraftGraphs(RequestGraphs):
     """The ring draft's block step (``BlockDrafter.draft``: ring read, stages, Markov chain,
     confidence head) per padded request count; rows past the batch draft from the scratch
     slot."""
+
+    stage = "block step"
 
     def __init__(
         self,
@@ -309,6 +324,8 @@ class ChainGraphs(RequestGraphs):
     input is the forward's sampled hidden states, copied into ``hidden``: a ``[max requests *
     k, H]`` buffer the proposer allocates before vLLM's memory profile; padding rows are
     zero."""
+
+    stage = "Markov chain"
 
     def __init__(
         self,

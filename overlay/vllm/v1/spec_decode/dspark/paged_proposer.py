@@ -173,15 +173,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         """DFlash's dummy run; in the runner's first capture pass call (any mode), the chain's
         FULL graphs are captured too."""
         super().dummy_run(num_tokens, use_cudagraphs, is_graph_capturing, slot_mappings)
-        graphs = self.chain_graphs
-        if is_graph_capturing and graphs is not None and graphs.captured() != graphs.sizes:
-            captured = graphs.capture_missing(self._runner.input_batch.sampling_metadata)
-            logger.info(
-                "DSpark draft: FULL CUDA graphs of the Markov chain captured for %s requests "
-                "(%s drafts).",
-                captured,
-                " and ".join(graphs.variants),
-            )
+        if is_graph_capturing and self.chain_graphs is not None:
+            self.chain_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     @override
     def initialize_attn_backend(

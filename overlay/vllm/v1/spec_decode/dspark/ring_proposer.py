@@ -264,14 +264,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         # The draft's graphs are FULL graphs of their own: captured at the first call of any of
         # the runner's capture passes, whatever ``use_cudagraphs`` says (which is False outside
         # its PIECEWISE pass, for EAGLE's piecewise graphs).
-        graphs = self.draft_graphs
-        if is_graph_capturing and graphs is not None and graphs.captured() != graphs.sizes:
-            captured = graphs.capture_missing(self._runner.input_batch.sampling_metadata)
-            logger.info(
-                "DSpark draft: FULL CUDA graphs captured for %s requests (%s drafts).",
-                captured,
-                " and ".join(graphs.variants),
-            )
+        if is_graph_capturing and self.draft_graphs is not None:
+            self.draft_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     def _draft_context(self, num_requests: int):
         """vLLM's fused MoE layers look themselves up in the forward context."""
