@@ -96,11 +96,8 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
     speculative = profile.speculative.config_json(profile.lanes[site.lane].adaptive_verification)
     if speculative:
         args += ["--speculative-config", speculative]
-    capture_size = profile.cudagraph_capture_size
-    if capture_size is None:
+    if not profile.cuda_graphs:
         args.append("--enforce-eager")
-    else:
-        args += ["--max-cudagraph-capture-size", str(capture_size)]
     args += profile.serve_args
     if node.role != HEAD and profile.nodes == 2:
         args.append("--headless")
