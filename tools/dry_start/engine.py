@@ -52,7 +52,7 @@ PROFILE_FIELDS = {
     "kv-cache-dtype": "kv_cache_dtype",
     "moe_backend": "serve_args --moe-backend",
     "moe-backend": "serve_args --moe-backend",
-    "max_cudagraph_capture_size": "cuda_graphs / max_num_seqs / speculative.num_speculative_tokens",
+    "max_cudagraph_capture_size": "serve_args --max-cudagraph-capture-size",
     "cudagraph_capture_sizes": "serve_args --compilation-config cudagraph_capture_sizes",
     "num_speculative_tokens": "speculative.num_speculative_tokens",
     "max_num_seqs": "max_num_seqs",
@@ -164,7 +164,9 @@ def refusal(error: Refused) -> Refusal:
     named = {word.strip("-") for word in re.findall(r"[\w-]+", message)}
     causes = list(dict.fromkeys(field for key, field in PROFILE_FIELDS.items() if key in named))
     cause = " or ".join(causes) or "serve_args"
-    fix = f"change {cause} to a value vLLM accepts here (its message above says which)"
+    fix = getattr(error.error, "fix", None) or (
+        f"change {cause} to a value vLLM accepts here (its message above says which)"
+    )
     return Refusal(error.step, message, cause, fix)
 
 
@@ -412,6 +414,9 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
             config = create_config(args)
         describe_config(report, config)
         start_engine(report, config, rank, device_memory)
+        if report.not_run is None:  # the sizes below are the runner's final ones
+            with step("graphs"):
+                check_widest_decode_batch(config, warning_log.messages)
     except Refused as error:
         traceback.print_exception(error.error, file=sys.stderr)  # with vLLM's log, on stderr
         report.refusal = refusal(error)
@@ -624,21 +629,54 @@ def describe_memory(report: Report, config, worker, runner) -> None:
 
 
 def describe_graphs(report: Report, config, runner) -> None:
+    """The target's captures as the runner's dispatcher holds them, and the draft's as the
+    DSpark proposer plans them from those final sizes."""
     compilation = config.compilation_config
     report.decide("graphs", "cudagraph mode", compilation.cudagraph_mode.name)
     report.decide("graphs", "capture sizes", compilation.cudagraph_capture_sizes)
     for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
         sizes = sorted({d.num_tokens for d in descriptors})
         report.decide("graphs", f"target {mode.name} captures (tokens)", sizes)
-    drafter = getattr(runner, "drafter", None)
-    graphs = getattr(drafter, "draft_graphs", None)
-    if graphs is not None:
-        report.decide("graphs", "draft graphs (requests)", graphs.sizes)
-    dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
-    if dispatcher is not None:
-        for mode, descriptors in dispatcher.get_capture_descs():
-            sizes = sorted({d.num_tokens for d in descriptors})
-            report.decide("graphs", f"draft {mode.name} captures (tokens)", sizes)
+    speculative = config.speculative_config
+    if speculative is not None and speculative.use_dspark():
+        from vllm.v1.spec_decode.dspark.cudagraph import capture_plan
+
+        plan = capture_plan(config)
+        report.decide("graphs", "draft forward PIECEWISE (tokens)", list(plan.draft_forward))
+        report.decide("graphs", "draft FULL (requests)", list(plan.draft_requests))
+
+
+class UncoveredDecodeBatch(ValueError):
+    """The target's largest CUDA graph cannot hold a decode step of every request."""
+
+    fix = (
+        "leave --max-cudagraph-capture-size and cudagraph_capture_sizes to vLLM (its default "
+        "covers max_num_seqs x (num_speculative_tokens + 1)), or set a size at least that wide"
+    )
+
+
+def check_widest_decode_batch(config, vllm_warnings: list[str]) -> None:
+    """Refuse graphs that leave the widest speculative decode step eager: a decode step of
+    `max_num_seqs` requests verifies k + 1 tokens each, and a step wider than the largest
+    captured size runs without the target's CUDA graphs."""
+    from vllm.config import CUDAGraphMode
+
+    compilation = config.compilation_config
+    if compilation.cudagraph_mode == CUDAGraphMode.NONE or not compilation.cudagraph_capture_sizes:
+        return
+    speculative = config.speculative_config
+    per_request = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)
+    widest = config.scheduler_config.max_num_seqs * per_request
+    largest = max(compilation.cudagraph_capture_sizes)
+    if largest >= widest:
+        return
+    rewrites = [w for w in vllm_warnings if "capture_size" in w or "capture size" in w]
+    raise UncoveredDecodeBatch(
+        f"the largest cudagraph_capture_sizes entry after vLLM's adjustments is {largest} "
+        f"tokens, below the widest decode step, max_num_seqs x (num_speculative_tokens + 1) "
+        f"= {widest} tokens, which would run without CUDA graphs"
+        + "".join(f"; vLLM: {w}" for w in rewrites)
+    )
 
 
 def main(argv: list[str]) -> int:
