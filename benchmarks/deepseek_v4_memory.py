@@ -136,14 +136,12 @@ def ring_bytes(config: dict, max_num_seqs: int) -> int:
     return sum(t.numel() * t.element_size() for t in buffers)
 
 
-def draft_state_bytes(
-    config: dict, max_num_seqs: int, k: int, vocab_size: int, graph_sizes: list[int]
-) -> dict[str, int]:
+def draft_state_bytes(config: dict, max_num_seqs: int, k: int, vocab_size: int) -> dict[str, int]:
     """Bytes of each GPU buffer of the ring proposer's draft state (weights aside), from the
     proposer's own constructors on the meta device."""
     from unittest import mock
 
-    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark import cudagraph
     from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
     from vllm.v1.spec_decode.dspark.markov import draft_probs_buffer
     from vllm.v1.spec_decode.dspark.ring import ContextRing
@@ -162,8 +160,16 @@ def draft_state_bytes(
     )
     # The wrapper holds no tensors before capture; the captured graphs' memory is measured by
     # vLLM's own CUDA-graph profile.
-    with mock.patch.object(ring_proposer, "CUDAGraphWrapper"):
-        graphs = ring_proposer.DraftGraphs(drafter, None, graph_sizes, k, with_confidence=False)
+    with mock.patch.object(cudagraph, "CUDAGraphWrapper"):
+        graphs = cudagraph.DraftGraphs(
+            # The graphs' inputs are sized by the largest planned size: at most max_num_seqs.
+            drafter,
+            None,
+            [max_num_seqs],
+            k,
+            with_confidence=False,
+            sample_from_logits=mock.Mock(),
+        )
 
     def size(*tensors: torch.Tensor) -> int:
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -175,16 +181,15 @@ def draft_state_bytes(
         "block ids, positions, offsets": size(
             drafter._block_ids, drafter._block_positions, drafter._block_offsets
         ),
-        "graph inputs (slots, anchors, tokens)": size(
-            graphs._slots, graphs._anchors, graphs._anchor_tokens
+        "graph inputs (slots, anchors, tokens, temperatures)": size(
+            graphs._slots, graphs._anchors, graphs._anchor_tokens, graphs.sampler.temperature
         ),
         "draft distributions [B, k, V]": size(probs),
     }
 
 
 def print_draft_state(label: str, max_num_seqs: int, k: int, vocab_size: int) -> None:
-    graph_sizes = sorted({1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs})
-    state = draft_state_bytes(V4_FLASH_CONFIG, max_num_seqs, k, vocab_size, graph_sizes)
+    state = draft_state_bytes(V4_FLASH_CONFIG, max_num_seqs, k, vocab_size)
     print(f"GPU draft state, {label}: max_num_seqs={max_num_seqs}, k={k}, V={vocab_size}")
     for name, nbytes in state.items():
         print(f"  {name:<38s}: {nbytes:>15,d}  ({nbytes / 2**20:.1f} MiB)")

@@ -16,9 +16,9 @@ from dspark_launch import serving_flags
 from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
-from dspark_launch.lanes import V1, runner_args
+from dspark_launch.lanes import V1, runner_args, runner_env
 from dspark_launch.local_rank import LocalRank
-from dspark_launch.nodes import Rank
+from dspark_launch.nodes import REPO_ROOT, Rank
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
@@ -29,6 +29,8 @@ LOG_LINES_ON_FAILURE = 40
 SELFTEST_MODULE = "tools.gpu_selftest"
 # Its engine checks start real engines on CUDA (each up to 600 s); not measured on a GPU.
 SELFTEST_TIMEOUT_S = 1800
+DRY_START = REPO_ROOT / "tools" / "dry_start" / "engine.py"
+DRY_START_TIMEOUT_S = 900
 
 
 class Launcher:
@@ -63,6 +65,7 @@ class Launcher:
                 [str(rank.node.hf_home), self.profile.model, self.profile.revision or "-"],
             )
         self._check_serving_flags()
+        self._dry_start()
         if selftest:
             self._run_selftest()
         self._step("ports free on the head")
@@ -139,6 +142,43 @@ class Launcher:
         answer = head.shell.run_script(serving_flags.__file__, args, head.runtime_python)
         if not self.runner.dry_run and not answer.get("ok"):
             raise LaunchError(f"{head.label}: serving flags: {answer.get('detail')}")
+
+    def _dry_start(self) -> None:
+        """vLLM's own start-up of each rank in its image, on the node's device, as far as it goes
+        without loading the weights (tools/dry_start/engine.py); a refusal stops here."""
+        if self.site.mode != "docker":  # local mode runs the venv's CPU vLLM
+            return
+        self._step("dry start of vLLM's start-up on both nodes (no weights loaded)")
+        refused = []
+        for role, rank in self.ranks.items():
+            env = {**runner_env(self.site.lane), **self.profile.env}
+            env["HF_HOME"] = rank.runtime_hf_home
+            args = ["--rank", str(rank.node.rank), "--json"]
+            args += [f"--env={name}={value}" for name, value in env.items()]
+            args += ["--", *serve_args(self.profile, self.site, rank.node)]
+            report = rank.shell.run_script(
+                DRY_START, args, rank.runtime_python, timeout_s=DRY_START_TIMEOUT_S
+            )
+            if self.runner.dry_run:
+                continue
+            refusal = report.get("refusal")
+            if refusal:
+                refused.append(role)
+                self.runner.say(
+                    f"    {rank.label}: vLLM refused at {refusal['step']}: {refusal['message']} "
+                    f"(profile: {refusal['cause']}; fix: {refusal['fix']})"
+                )
+            else:
+                kv = {d["name"]: d["value"] for d in report["decisions"] if d["step"] == "kv cache"}
+                concurrency = next((f"{k} {v}" for k, v in kv.items() if k.startswith("max")), "")
+                self.runner.say(
+                    f"    {rank.label}: ok; KV cache {kv.get('tokens', '?')} tokens, {concurrency}"
+                )
+        if refused:
+            raise LaunchError(
+                f"vLLM refuses to start on {', '.join(refused)} (its reason above); fix the "
+                "profile (docs/dry-start.md)"
+            )
 
     def _run_selftest(self) -> None:
         """`python -m tools.gpu_selftest` in each rank's runtime, for the site file's lane;

@@ -44,7 +44,9 @@ MANAGED_FLAGS = {
     "--kv-cache-dtype": "kv_cache_dtype",
     "--dtype": "dtype",
     "--speculative-config": "speculative",
-    "--max-cudagraph-capture-size": "(derived: max_num_seqs * (k + 1))",
+    # vLLM's default covers the widest decode batch, max_num_seqs * (k + 1) tokens; a smaller
+    # maximum is cut to vLLM's capture grid (36 became 32, leaving 5-6 requests without graphs).
+    "--max-cudagraph-capture-size": "(left to vLLM's default: it covers max_num_seqs * (k + 1))",
     "--enforce-eager": "cuda_graphs: false",
     "--config": "(a vLLM config file could set any of these flags; list flags in serve_args)",
 }
@@ -103,11 +105,6 @@ class Speculative:
             config["enable_adaptive_verification"] = True
         return json.dumps(config, separators=(",", ":"))
 
-    @property
-    def tokens_per_step(self) -> int:
-        """Tokens one sequence feeds the target per decode step: k drafts plus one."""
-        return 1 if self.method == "none" else self.num_speculative_tokens + 1
-
 
 @dataclass(frozen=True)
 class Profile:
@@ -115,6 +112,7 @@ class Profile:
     model: str
     revision: str | None
     served_model_name: str
+    nodes: int  # 2: the launcher's two-node deployment; 1: one host, served with `docker run`
     tensor_parallel_size: int
     max_num_seqs: int
     max_model_len: int
@@ -128,13 +126,6 @@ class Profile:
     env: dict[str, str] = field(default_factory=dict)
     lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane()})
     compute_capability: tuple[str, ...] = ()
-
-    @property
-    def cudagraph_capture_size(self) -> int | None:
-        """Largest decode batch in tokens, so every speculative step replays a graph."""
-        if not self.cuda_graphs:
-            return None
-        return self.max_num_seqs * self.speculative.tokens_per_step
 
     @property
     def uses_hub_snapshot(self) -> bool:
@@ -227,7 +218,8 @@ def load_profile(path: Path) -> Profile:
         model=model,
         revision=revision,
         served_model_name=top.string("served_model_name", default=model) or model,
-        tensor_parallel_size=top.integer("tensor_parallel_size", 2, 64),
+        nodes=top.integer("nodes", 1, 2, default=2),
+        tensor_parallel_size=top.integer("tensor_parallel_size", 1, 64),
         max_num_seqs=top.integer("max_num_seqs", 1, 4096),
         max_model_len=top.integer("max_model_len", 16, 1 << 24),
         kv_cache_dtype=top.string("kv_cache_dtype", default="auto") or "auto",
@@ -241,7 +233,7 @@ def load_profile(path: Path) -> Profile:
         lanes=lanes,
         compute_capability=compute_capability,
     )
-    if profile.tensor_parallel_size % 2:
+    if profile.nodes == 2 and profile.tensor_parallel_size % 2:
         raise top.error("tensor_parallel_size", "must be even: it is split over 2 nodes")
     top.finish()
     return profile

@@ -71,14 +71,19 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
         "1",
         "--distributed-executor-backend",
         "mp",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        str(node.rank),
-        "--master-addr",
-        site.head.address,
-        "--master-port",
-        str(site.master_port),
+    ]
+    if profile.nodes == 2:
+        args += [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(node.rank),
+            "--master-addr",
+            site.head.address,
+            "--master-port",
+            str(site.master_port),
+        ]
+    args += [
         "--max-num-seqs",
         str(profile.max_num_seqs),
         "--max-model-len",
@@ -91,13 +96,10 @@ def serve_args(profile: Profile, site: Site, node: Node) -> tuple[str, ...]:
     speculative = profile.speculative.config_json(profile.lanes[site.lane].adaptive_verification)
     if speculative:
         args += ["--speculative-config", speculative]
-    capture_size = profile.cudagraph_capture_size
-    if capture_size is None:
+    if not profile.cuda_graphs:
         args.append("--enforce-eager")
-    else:
-        args += ["--max-cudagraph-capture-size", str(capture_size)]
     args += profile.serve_args
-    if node.role != HEAD:
+    if node.role != HEAD and profile.nodes == 2:
         args.append("--headless")
     elif site.mode == "local":  # the image's entrypoint binds from DSPARK_HOST/DSPARK_PORT
         args += ["--host", site.api_bind, "--port", str(site.api_port)]

@@ -244,6 +244,12 @@ def load_site(path: Path) -> Site:
 def check_compatible(site: Site, profile: Profile) -> None:
     """Cross-file rules: what the profile needs from the site."""
     profile_name = profile.name
+    if profile.nodes != 2:
+        raise ConfigError(
+            f"profile {profile_name} serves one host (nodes: 1); dspark-launch starts two-node "
+            "deployments: serve it with `docker run` (docs/docker.md) after "
+            f"`python -m tools.dry_start --profile {profile_name}` (docs/dry-start.md)"
+        )
     if site.lane not in profile.lanes:
         raise ConfigError(
             f"{site.path}: lane: profile {profile_name} serves the {', '.join(profile.lanes)} "

@@ -99,3 +99,23 @@ def test_proposer_overhead_fast_mode_times_both_proposers(tmp_path):
         assert 0 < row["outside_network_us"]["median"] < row["propose_us"]["median"]
         assert row["max_syncs_per_step"] == 0
     assert len(report["ratios"][2]["propose"]["per_round"]) == 2
+
+
+@pytest.mark.engine
+def test_draft_step_cost_counts_each_step_of_both_paged_proposers(tmp_path):
+    """A tiny run of the counted-cost benchmark: a steady-state step of each paged proposer is
+    counted, the graph and eager parts both hold ops, a step's op counts do not depend on the
+    batch size while its FLOPs grow with it, and the report prints the DSpark / DFlash rows."""
+    from benchmarks import draft_step_cost
+
+    args = draft_step_cost.parse_args(["--k", "2", "--batch", "1", "3", "--families", "paged"])
+    costs = draft_step_cost.measure(args, tmp_path)
+    assert set(costs) == {(m, 2, b) for m in ("dspark (paged)", "dflash") for b in (1, 3)}
+    for method in ("dspark (paged)", "dflash"):
+        one, three = costs[method, 2, 1], costs[method, 2, 3]
+        assert one.ops == three.ops
+        assert min(one.ops.values()) > 0
+        assert 0 < one.total("flops") < three.total("flops")
+    report = draft_step_cost.format_report(costs)
+    assert "DSpark paged / DFlash" in report
+    assert len([line for line in report.splitlines() if line.startswith(" 2 ")]) == 2

@@ -16,6 +16,7 @@ from vllm.platforms import current_platform
 from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import rejection_sample
+from vllm.v1.spec_decode.dspark.cudagraph import FixedTemperatureSampler
 from vllm.v1.spec_decode.dspark.markov import greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
@@ -28,16 +29,33 @@ def cpu_kernels():
     current_platform.register_triton_kernel_overrides()
 
 
-def position_sampler(probabilistic: bool, metadata: SamplingMetadata):
-    """The proposers' per-position sampler: vLLM's ``_sample_from_logits`` (greedy_sample for
-    greedy drafts or all-greedy batches)."""
+def draft_sampler_proposer(probabilistic: bool) -> SimpleNamespace:
+    """What vLLM's draft sampler (``_sample_from_logits``) reads of a proposer."""
     proposer = SimpleNamespace(
         options=SimpleNamespace(probabilistic=probabilistic),
         _enable_probabilistic_draft_probs=probabilistic,
         use_fp64_gumbel=False,
     )
     proposer._sample_from_logits = partial(SpecDecodeBaseProposer._sample_from_logits, proposer)
+    return proposer
+
+
+def position_sampler(probabilistic: bool, metadata: SamplingMetadata):
+    """The proposers' per-position sampler: vLLM's ``_sample_from_logits`` (greedy_sample for
+    greedy drafts or all-greedy batches)."""
+    proposer = draft_sampler_proposer(probabilistic)
     return DSparkProposerMixin._position_sampler(proposer, metadata)
+
+
+def graph_sampler(metadata: SamplingMetadata) -> FixedTemperatureSampler:
+    """The sampler a sampled draft graph captures: vLLM's draft sampler over the fixed
+    temperature buffer, written from ``metadata`` as before a replay (no padding rows)."""
+    assert metadata.temperature is not None
+    rows = metadata.temperature.shape[0]
+    proposer = draft_sampler_proposer(True)
+    sampler = FixedTemperatureSampler(proposer._sample_from_logits, rows, torch.device("cpu"))
+    sampler.write(metadata, rows, rows)
+    return sampler
 
 
 def sampling_metadata(temperature: torch.Tensor) -> SamplingMetadata:
@@ -193,6 +211,35 @@ def test_probabilistic_drafts_return_the_distribution_of_each_drawn_token():
         previous = drafts.token_ids[:, j]
 
 
+@pytest.mark.parametrize(
+    "temperature",
+    [[TEMPERATURE, 1.0, 0.5, 2.0], [TEMPERATURE, 0.0, 1.0, 0.0]],
+    ids=["all sampled", "greedy and sampled"],
+)
+def test_the_graph_sampler_draws_what_vllms_sampler_draws_from_the_same_random_numbers(
+    temperature,
+):
+    """The sampled graph's sampler (fixed temperature buffer, vLLM's general path for every
+    batch) and the eager step's (vLLM's sampler on the batch's own metadata), from the same
+    generator state: the same drafts and distributions, greedy rows by argmax."""
+    heads = PlainHeads()
+    base = torch.randn(4, K, VOCAB, generator=torch.Generator().manual_seed(13))
+    anchors = torch.arange(4) % VOCAB
+    metadata = sampling_metadata(torch.tensor(temperature))
+    drafts = {}
+    for path, sample in (
+        ("eager", position_sampler(True, metadata)),
+        ("graph", graph_sampler(metadata)),
+    ):
+        torch.manual_seed(14)
+        drafts[path] = markov_chain(base.clone(), anchors, heads.embed, heads.bias, sample=sample)
+    assert torch.equal(drafts["graph"].token_ids, drafts["eager"].token_ids)
+    assert torch.equal(drafts["graph"].probs, drafts["eager"].probs)
+    torch.manual_seed(15)
+    redrawn = markov_chain(base.clone(), anchors, heads.embed, heads.bias, sample=sample)
+    assert not torch.equal(redrawn.token_ids, drafts["graph"].token_ids)  # the draws are random
+
+
 def test_probabilistic_drafts_write_into_the_one_preallocated_buffer():
     """The distributions land in the proposer's ``[max_num_seqs, k, V]`` buffer (rows past the
     batch untouched), the same values as without it, and the chain stacks no k tensors: one
@@ -318,8 +365,12 @@ def transition_chi_square(emitted: torch.Tensor) -> tuple[float, int]:
     return chi2, int(seen.sum()) * (VOCAB - 1)
 
 
-def test_probabilistic_drafts_reproduce_the_target_distribution():
-    sample = position_sampler(True, sampling_metadata(torch.full((NUM_ROWS,), TEMPERATURE)))
+@pytest.mark.parametrize("path", ["eager", "graph"])
+def test_probabilistic_drafts_reproduce_the_target_distribution(path):
+    """Through vLLM's sampler as the eager step calls it, and through the sampler a sampled
+    draft graph captures (temperatures from the fixed buffer)."""
+    metadata = sampling_metadata(torch.full((NUM_ROWS,), TEMPERATURE))
+    sample = position_sampler(True, metadata) if path == "eager" else graph_sampler(metadata)
     emitted = run_speculative_step(sample)
     chi2, dof = transition_chi_square(emitted)
     assert chi2 < chi_square_bound(dof), (chi2, dof)

@@ -14,9 +14,9 @@
 """
 
 import ast
+import importlib.util
 import inspect
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import torch
@@ -425,9 +425,24 @@ class LateCopies(TorchFunctionMode):
         del self.pending[:issued]
 
 
-def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch) -> LateCopies:
+def cuda_async_tensor_h2d():
+    """vLLM's ``async_tensor_h2d`` as a CUDA host runs it (a non-blocking copy from a host
+    tensor), read from the installed source: vLLM's CPU worker replaces the module's function
+    with a synchronous one when it is imported."""
+    spec = importlib.util.spec_from_file_location(
+        "torch_utils_as_on_cuda", INSTALLED / "utils" / "torch_utils.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.async_tensor_h2d
+
+
+def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch, upload=None) -> LateCopies:
+    """The run with the proposer's slot upload done by ``upload`` (default: vLLM's own)."""
+    from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.spec_decode.dspark.ring_proposer import DSparkRingProposer
 
+    monkeypatch.setattr(ring_proposer, "async_tensor_h2d", upload or cuda_async_tensor_h2d())
     copies = LateCopies()
     propose = DSparkRingProposer.propose
 
@@ -449,8 +464,8 @@ def late_copy_run(target: Path, monkeypatch: pytest.MonkeyPatch) -> LateCopies:
 def test_slot_uploads_read_the_slots_their_step_meant_when_the_copy_runs_late(
     tiny_v4_models, monkeypatch
 ):
-    """Each step's slot ids go up from a fresh pinned tensor: a copy that runs after the next
-    step's host code still reads its own step's slots."""
+    """Each step's slot ids go up from a fresh pinned tensor (vLLM's ``async_tensor_h2d``): a
+    copy that runs after the next step's host code still reads its own step's slots."""
     copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
     assert copies.checked >= 10
     assert copies.wrong == 0
@@ -459,148 +474,17 @@ def test_slot_uploads_read_the_slots_their_step_meant_when_the_copy_runs_late(
 def test_late_copies_catch_a_reused_host_buffer(tiny_v4_models, monkeypatch):
     """Control: with one reused host buffer (``CpuGpuBuffer.copy_to_gpu``, as the proposer had
     it), late copies read another step's slots whenever the batch changed."""
-    from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.utils import CpuGpuBuffer
 
     reused = CpuGpuBuffer(64, dtype=torch.int64, device=torch.device("cpu"), with_numpy=True)
 
-    def upload_through_reused_buffer(slots, device):
+    def upload_through_reused_buffer(slots, device, dtype):
         reused.np[: len(slots)] = slots
         return reused.copy_to_gpu(len(slots))
 
-    monkeypatch.setattr(ring_proposer, "upload_slots", upload_through_reused_buffer)
-    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch)
+    copies = late_copy_run(tiny_v4_models.oracle, monkeypatch, upload_through_reused_buffer)
     assert copies.checked >= 10
     assert copies.wrong >= 1
-
-
-# --- The draft step in CUDA graphs -------------------------------------------------------------
-
-
-def graph_config(enforce_eager, mode, sizes=(1, 2, 4, 8, 16)):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(
-        speculative_config=SimpleNamespace(enforce_eager=enforce_eager),
-        compilation_config=SimpleNamespace(
-            cudagraph_mode=mode, cudagraph_capture_sizes=list(sizes)
-        ),
-    )
-
-
-def test_enforce_eager_on_the_draft_config_is_honoured_both_ways():
-    """Graphs for the runner's capture sizes up to max_num_seqs unless the draft config says
-    ``enforce_eager: true`` or the target captures none; never off CUDA."""
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.v1.spec_decode.dspark.ring_proposer import draft_graph_sizes
-
-    full = CUDAGraphMode.FULL_AND_PIECEWISE
-    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=True) == [1, 2, 4]
-    assert draft_graph_sizes(graph_config(None, full), 16, on_cuda=True) == [1, 2, 4, 8, 16]
-    assert draft_graph_sizes(graph_config(True, full), 6, on_cuda=True) == []
-    assert draft_graph_sizes(graph_config(False, CUDAGraphMode.NONE), 6, on_cuda=True) == []
-    assert draft_graph_sizes(graph_config(False, full), 6, on_cuda=False) == []
-
-
-class PassThroughGraph:
-    """Stands in for vLLM's ``CUDAGraphWrapper`` on CPU: the first call for a batch descriptor
-    "captures" (holds an entry, as the wrapper does), later ones replay by running the function;
-    records the forward context's mode and batch size."""
-
-    replays: ClassVar[list[tuple[object, int]]] = []
-
-    def __init__(self, runnable, vllm_config, runtime_mode) -> None:
-        self.runnable, self.runtime_mode = runnable, runtime_mode
-        self.concrete_cudagraph_entries: dict = {}
-
-    def __call__(self, size: int):
-        from types import SimpleNamespace
-
-        from vllm.forward_context import get_forward_context
-
-        context = get_forward_context()
-        assert context.batch_descriptor.num_tokens == size
-        self.replays.append((context.cudagraph_runtime_mode, size))
-        self.concrete_cudagraph_entries.setdefault(
-            context.batch_descriptor, SimpleNamespace(cudagraph=object())
-        )
-        return self.runnable(size)
-
-
-def logged_drafts(path: Path) -> dict[str, dict[int, tuple]]:
-    from dspark_demo.engine import read_draft_log
-
-    return {
-        request: {anchor: (r["anchor_token"], r["drafts"]) for anchor, r in records.items()}
-        for request, records in read_draft_log(path).items()
-    }
-
-
-def test_graph_path_drafts_exactly_what_the_eager_path_drafts(
-    tiny_v4_models, monkeypatch, tmp_path
-):
-    """The graph path (fixed buffers, batches padded to a captured size with the scratch slot,
-    outputs sliced and copied) on CPU with the graph replaced by its function: at every step
-    every request drafts what the eager path drafts, and the output is the same. Three requests
-    (max_num_seqs 4) through sizes [1, 2, 4] replay size 4 with one padding row, then 2 and 1 as
-    they finish."""
-    from vllm.config.compilation import CUDAGraphMode
-    from vllm.v1.spec_decode.dspark import ring_proposer
-
-    prompts = [cycle_prompt(10 + PERIOD * i, 40 + 7 * i) for i in range(3)]
-    max_tokens = [12, 20, 28]
-    eager_log, graph_log = tmp_path / "eager.jsonl", tmp_path / "graph.jsonl"
-    eager = run_v4(
-        tiny_v4_models.noisy,
-        prompts,
-        max_tokens,
-        dspark(4, dspark_draft_log=str(eager_log)),
-        max_num_seqs=4,
-    )
-
-    load_model = ring_proposer.DSparkRingProposer.load_model
-
-    def load_and_capture(proposer, target_model):
-        load_model(proposer, target_model)
-        graphs = proposer.draft_graphs
-        # As vLLM's memory profile does: capture, then clear every wrapper's graphs; a cleared
-        # size drafts eagerly until the runner's capture pass captures it again.
-        for size in graphs.sizes:
-            graphs.capture(size)
-        graphs._graph.concrete_cudagraph_entries.clear()
-        assert graphs.padded_size(1) is None
-        for size in graphs.sizes:
-            graphs.capture(size)
-
-    replayed: list[tuple[int, int]] = []
-    draft = ring_proposer.DraftGraphs.draft
-
-    def recorded_draft(graphs, slots, anchors, anchor_tokens, size):
-        replayed.append((slots.shape[0], size))
-        return draft(graphs, slots, anchors, anchor_tokens, size)
-
-    PassThroughGraph.replays = []
-    monkeypatch.setattr(ring_proposer, "CUDAGraphWrapper", PassThroughGraph)
-    monkeypatch.setattr(ring_proposer, "draft_graph_sizes", lambda *args: [1, 2, 4])
-    monkeypatch.setattr(ring_proposer.DSparkRingProposer, "load_model", load_and_capture)
-    monkeypatch.setattr(ring_proposer.DraftGraphs, "draft", recorded_draft)
-    graph = run_v4(
-        tiny_v4_models.noisy,
-        prompts,
-        max_tokens,
-        dspark(4, dspark_draft_log=str(graph_log)),
-        max_num_seqs=4,
-    )
-
-    assert graph.token_ids == eager.token_ids
-    assert logged_drafts(graph_log) == logged_drafts(eager_log)
-    assert {(3, 4), (2, 2), (1, 1)} <= set(replayed)
-    assert {mode for mode, _ in PassThroughGraph.replays} == {CUDAGraphMode.FULL}
-    assert (
-        0
-        < graph.metrics["vllm:spec_decode_num_accepted_tokens"]
-        < graph.metrics["vllm:spec_decode_num_draft_tokens"]
-    )
 
 
 # --- Memory: what vLLM's profile run sees -----------------------------------------------------

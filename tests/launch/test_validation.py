@@ -269,9 +269,20 @@ def test_adaptive_verification_on_blackwell_servers_is_the_v2_lanes_alone(tmp_pa
 
 def test_shipped_profiles_are_valid():
     names = sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
-    assert names == ["cpu-tiny", "deepseek-v4-flash-2x-spark"]
+    assert names == [
+        "cpu-tiny",
+        "deepseek-v4-flash-2x-spark",
+        "deepseek-v4-flash-b200",
+        "qwen3-8b-dspark-blackwell",
+    ]
     for name in names:
         load_profile(PROFILES_DIR / f"{name}.yaml")
+
+
+def test_a_one_host_profile_is_not_launched(tmp_path, check):
+    site = _site(tmp_path)
+    site["profile"] = "qwen3-8b-dspark-blackwell"
+    check(site, "serves one host (nodes: 1); dspark-launch starts two-node deployments")
 
 
 def test_profile_errors_name_the_file(tmp_path):

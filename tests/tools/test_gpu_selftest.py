@@ -393,25 +393,27 @@ def test_the_images_copy_every_project_module_the_selftest_imports():
 
 
 def test_the_graphs_adapter_asks_nothing_of_a_drafter_without_captured_graphs(monkeypatch):
-    """Today's graphs module replays greedy drafts only: no sampled check to call (None); once
-    it has one, the adapter calls it for a drafter with captured graphs."""
+    """The graphs module's greedy and sampled checks are called for a drafter with captured
+    graphs only; without a sampled check (a build that replays greedy drafts only) the sampled
+    agreement is None."""
     from types import SimpleNamespace
 
     from tools.gpu_selftest import draft_graphs
-    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark import cudagraph
 
     eager_only = SimpleNamespace(draft_graphs=None)
     assert draft_graphs.greedy_agreement(eager_only) == {}
-    assert draft_graphs.sampled_agreement(eager_only, seed=0) is None
-    captured = SimpleNamespace(draft_graphs=SimpleNamespace(captured={1, 2}))
+    assert draft_graphs.sampled_agreement(eager_only, seed=0) == {}
+    captured = SimpleNamespace(draft_graphs=SimpleNamespace(captured=lambda: [1, 2]))
     calls = []
     monkeypatch.setattr(
-        ring_proposer,
+        cudagraph,
         draft_graphs.SAMPLED_CHECK,
         lambda drafter, seed: calls.append(seed) or {1: True, 2: True},
-        raising=False,
     )
-    monkeypatch.setattr(ring_proposer, "graph_and_eager_drafts_agree", lambda drafter: {1: True})
+    monkeypatch.setattr(cudagraph, "graph_and_eager_drafts_agree", lambda drafter: {1: True})
     assert draft_graphs.sampled_agreement(captured, seed=3) == {1: True, 2: True} and calls == [3]
     assert draft_graphs.greedy_agreement(captured) == {1: True}
     assert draft_graphs.sampled_agreement(eager_only, seed=3) == {}
+    monkeypatch.delattr(cudagraph, draft_graphs.SAMPLED_CHECK)
+    assert draft_graphs.sampled_agreement(captured, seed=3) is None

@@ -9,14 +9,14 @@ SAMPLED_CHECK = "sampled_graph_and_eager_drafts_agree"
 
 
 def _graphs_module():
-    from vllm.v1.spec_decode.dspark import ring_proposer
+    from vllm.v1.spec_decode.dspark import cudagraph
 
-    return ring_proposer
+    return cudagraph
 
 
 def _captured(drafter) -> bool:
     graphs = getattr(drafter, "draft_graphs", None)
-    return graphs is not None and bool(graphs.captured)
+    return graphs is not None and bool(graphs.captured())
 
 
 def greedy_agreement(drafter) -> dict[int, bool]:
@@ -40,9 +40,10 @@ def sampled_agreement(drafter, seed: int) -> dict[int, bool] | None:
 
 def capture_plan(runner) -> dict:
     """The graphs the runner captures for the target (its final cudagraph mode and capture
-    sizes, read after start-up) and for the drafter: the DeepSeek-V4 ring draft's `DraftGraphs`
-    (planned and captured request counts), a vLLM drafter's dispatcher keys (token counts per
-    mode), or a Model Runner V2 speculator's captured token counts."""
+    sizes, read after start-up) and for the drafter: DSpark's FULL graphs (the ring draft's
+    `DraftGraphs`, the paged draft's `ChainGraphs`: planned and captured request counts) and a
+    vLLM drafter's dispatcher keys (token counts per mode), or a Model Runner V2 speculator's
+    captured token counts."""
     compilation = runner.vllm_config.compilation_config
     mode = compilation.cudagraph_mode
     plan: dict = {
@@ -52,21 +53,18 @@ def capture_plan(runner) -> dict:
         }
     }
     drafter = getattr(runner, "drafter", None) or getattr(runner, "speculator", None)
-    graphs = getattr(drafter, "draft_graphs", None)
+    graphs = getattr(drafter, "draft_graphs", None) or getattr(drafter, "chain_graphs", None)
     dispatcher = getattr(drafter, "cudagraph_dispatcher", None)
     manager = getattr(drafter, "query_cudagraph_manager", None)
-    if graphs is not None:
-        plan["draft"] = {
-            "FULL requests planned": list(graphs.sizes),
-            "captured": sorted(graphs.captured),
-        }
-    elif dispatcher is not None:
+    plan["draft"] = {}
+    if dispatcher is not None:
         plan["draft"] = {
             f"{mode.name} tokens": sorted(d.num_tokens for d in descriptors)
             for mode, descriptors in dispatcher.get_capture_descs()
         }
     elif manager is not None:
         plan["draft"] = {"captured tokens": manager.captured_token_counts()}
-    else:
-        plan["draft"] = {}
+    if graphs is not None:
+        plan["draft"]["FULL requests planned"] = list(graphs.sizes)
+        plan["draft"]["captured"] = graphs.captured()
     return plan

@@ -10,6 +10,10 @@ in which every slot is a prediction (or DFlash's ``1 + N`` fill-in layout with
 ``sample_from_anchor: false``), always the full trained block (it attends
 bidirectionally) with the first k drafts verified, the Markov chain (its bias added after
 Gemma-4's soft-cap, as DeepSpec does), confidence-scheduled lengths, and a strict load.
+
+On CUDA the draft forward replays upstream DFlash's piecewise graphs (attention between them
+eager); the stage after it (base logits, Markov chain, confidence head) replays FULL graphs
+per padded request count (``cudagraph.ChainGraphs``).
 """
 
 import copy
@@ -20,10 +24,12 @@ from typing_extensions import override
 
 from vllm.compilation.backends import set_model_tag
 from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
 from vllm.model_executor.models.utils import process_eagle_weight
+from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -39,8 +45,9 @@ from vllm.v1.spec_decode.dspark.checks import (
     check_full_vocabulary,
     check_loaded_draft,
 )
+from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import markov_chain
+from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 
 logger = init_logger(__name__)
@@ -75,6 +82,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
             rows[:, None] + first_sampled_slot + torch.arange(self.num_block_drafts, device=device)
         ).to(torch.int32)
         self._draft_probs = self._new_draft_probs()
+        self.chain_graphs: ChainGraphs | None = None
+        self._chain_hidden: torch.Tensor | None = None
         if block_size and k < block_size:
             logger.info(
                 "DSpark draft trained with block size %d: drafting the full block, "
@@ -124,6 +133,48 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         self._markov_logits = copy.copy(model.logits_processor)
         self._markov_logits.soft_cap = None
         self._check_confidence_head(model.model.confidence_head is not None)
+        # The chain graphs' input, allocated before vLLM's memory profile.
+        self._chain_hidden = torch.zeros(
+            self.max_batch_size * self.num_speculative_tokens,
+            self.hidden_size,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @override
+    def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
+        """Upstream's piecewise keys for the draft forward; then the chain's FULL graphs,
+        planned from the runner's final capture sizes."""
+        super().initialize_cudagraph_keys(cudagraph_mode)
+        self.chain_graphs = None
+        sizes = draft_graph_sizes(
+            self.vllm_config, cudagraph_mode, current_platform.is_cuda_alike()
+        )
+        if not sizes or self._chain_hidden is None:
+            return
+        self.chain_graphs = ChainGraphs(
+            self._draft_chain,
+            self._chain_hidden,
+            self.vllm_config,
+            sizes,
+            self.num_speculative_tokens,
+            sample_from_logits=self._sample_from_logits if self.options.probabilistic else None,
+            draft_probs=self._draft_probs,
+        )
+
+    @override
+    def dummy_run(
+        self,
+        num_tokens: int,
+        use_cudagraphs: bool = True,
+        is_graph_capturing: bool = False,
+        slot_mappings: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """DFlash's dummy run; in the runner's first capture pass call (any mode), the chain's
+        FULL graphs are captured too."""
+        super().dummy_run(num_tokens, use_cudagraphs, is_graph_capturing, slot_mappings)
+        if is_graph_capturing and self.chain_graphs is not None:
+            self.chain_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     @override
     def initialize_attn_backend(
@@ -144,6 +195,17 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         )
 
     # Draft step ---------------------------------------------------------------
+    @override
+    def _determine_batch_execution_and_padding(
+        self, num_tokens: int, use_cudagraphs: bool = True
+    ) -> tuple[CUDAGraphMode, int, torch.Tensor | None]:
+        """DFlash's choice for the draft forward, kept for vLLM's spec-decode metrics."""
+        mode, num_input_tokens, num_tokens_across_dp = (
+            super()._determine_batch_execution_and_padding(num_tokens, use_cudagraphs)
+        )
+        self._draft_cudagraph_mode = mode
+        return mode, num_input_tokens, num_tokens_across_dp
+
     @override
     def set_inputs_first_pass(
         self,
@@ -173,29 +235,53 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     def _sample_draft_tokens(
         self, hidden_states: torch.Tensor, sampling_metadata: SamplingMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The Markov chain over the block's first k base logits; with
-        probabilistic drafts, their distributions go to rejection sampling."""
+        """The Markov chain over the block's first k base logits, eagerly or by replaying a
+        ``ChainGraphs`` graph; with probabilistic drafts, their distributions go to rejection
+        sampling."""
         k = self.num_speculative_tokens
         num_requests = hidden_states.shape[0] // k
-        base_logits = self.model.compute_draft_logits(hidden_states)
         anchor_tokens = self.input_ids[self._anchor_rows[:num_requests]]
+        sample = self._position_sampler(sampling_metadata)
+        sampled = sample is not greedy_sample
+        graphs = self.chain_graphs
+        size = None if graphs is None else graphs.padded_size(num_requests, sampled)
+        if size is None:
+            drafts, confidence, probs = self._draft_chain(hidden_states, anchor_tokens, sample)
+        else:
+            assert graphs is not None
+            drafts, confidence, probs = graphs.draft(
+                hidden_states, anchor_tokens, size, sampling_metadata if sampled else None
+            )
+        if confidence is not None:
+            self._schedule(confidence, k)
+        if self.options.draft_log is not None:
+            anchors = self.positions[self._anchor_rows[:num_requests]] - 1
+            self._log_drafts(anchors, anchor_tokens, drafts)
+        return drafts.reshape(-1), probs
+
+    def _draft_chain(
+        self, hidden_states: torch.Tensor, anchor_tokens: torch.Tensor, sample: PositionSampler
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What runs after the draft forward: the block's base logits, the Markov chain over
+        them and the confidence head (``[B, k]`` drafts and confidences, distributions)."""
+        k = self.num_speculative_tokens
+        num_requests = anchor_tokens.shape[0]
+        base_logits = self.model.compute_draft_logits(hidden_states)
         drafts, markov_embeds, probs = markov_chain(
             base_logits.view(num_requests, k, -1),
             anchor_tokens,
             self.model.markov_embed,
             self._markov_bias,
-            sample=self._position_sampler(sampling_metadata),
+            sample=sample,
             topk=self.options.draft_topk,
             markov_bias_gathered=self.model.apply_markov_bias_gathered,
             probs_out=self._draft_probs,
         )
+        confidence = None
         if self.options.scheduling.needs_confidence:
             confidence = self.model.compute_confidence(hidden_states, markov_embeds.flatten(0, 1))
-            self._schedule(confidence.view(num_requests, k), k)
-        if self.options.draft_log is not None:
-            anchors = self.positions[self._anchor_rows[:num_requests]] - 1
-            self._log_drafts(anchors, anchor_tokens, drafts)
-        return drafts.reshape(-1), probs
+            confidence = confidence.view(num_requests, k)
+        return drafts, confidence, probs
 
     def _markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
         """``W2 · W1[previous token]``, uncapped."""

@@ -8,6 +8,7 @@ import functools
 import torch
 
 from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
 from vllm.v1.spec_decode.dspark.draft_log import DraftLog
@@ -30,6 +31,7 @@ class DSparkProposerMixin:
         )
         self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
+        self._draft_cudagraph_mode: CUDAGraphMode | None = None
 
     def _new_draft_probs(self) -> torch.Tensor | None:
         """The probabilistic drafts' distributions buffer (None for greedy drafts)."""
@@ -39,6 +41,13 @@ class DSparkProposerMixin:
         return draft_probs_buffer(
             self.max_batch_size, self.num_speculative_tokens, vocab_size, self.device
         )
+
+    def take_draft_cudagraph_mode(self) -> CUDAGraphMode | None:
+        """How the last draft step ran: NONE (eagerly), FULL or PIECEWISE (the CUDA graphs it
+        replayed); None when no step ran since the last call. Read once per step by the runner
+        for vLLM's spec-decode metrics."""
+        mode, self._draft_cudagraph_mode = self._draft_cudagraph_mode, None
+        return mode
 
     def _check_confidence_head(self, has_confidence_head: bool) -> None:
         check_confidence_head(

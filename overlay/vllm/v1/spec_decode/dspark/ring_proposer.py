@@ -8,25 +8,22 @@ hand one request another's window. It subclasses ``EagleProposer`` because the
 V1 runner already treats ``dspark`` as an EAGLE-family method: it hands the
 drafter the tapped target features, next tokens and rejected-row counts.
 
-The draft step's tensors stay on the device (slots are uploaded from fresh
-pinned host memory without a sync). On CUDA the block draft (ring read, stages,
-Markov chain) replays FULL CUDA graphs captured per padded request count
-(``DraftGraphs``); the context write and the slot table stay eager, on the host
-side of the graph.
+The draft step's tensors stay on the device (slots are uploaded from a fresh
+pinned host tensor per step, without a sync). On CUDA the block draft (ring read, stages,
+Markov chain, greedy or sampled) replays FULL CUDA graphs captured per padded
+request count (``cudagraph.DraftGraphs``); the context write and the slot table
+stay eager, on the host side of the graph.
 """
 
-import bisect
-from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
 from torch import nn
 from typing_extensions import override
 
-from vllm.compilation.cuda_graph import CUDAGraphWrapper
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.config.compilation import CUDAGraphMode
-from vllm.forward_context import BatchDescriptor, set_forward_context
+from vllm.forward_context import set_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import (
@@ -34,20 +31,20 @@ from vllm.model_executor.model_loader.utils import (
     process_weights_after_loading,
 )
 from vllm.platforms import current_platform
-from vllm.utils.platform_utils import is_pin_memory_available
-from vllm.utils.torch_utils import set_default_torch_dtype
+from vllm.utils.torch_utils import async_tensor_h2d, set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.block import trained_block_size
 from vllm.v1.spec_decode.dspark.checks import DEEPSEEK_V4_UNSUPPORTED, RING_PROPOSER_UNSUPPORTED
+from vllm.v1.spec_decode.dspark.cudagraph import DraftGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     build_deepseek_v4_draft_model,
     load_deepseek_v4_draft,
 )
 from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tensors
 from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
-from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
+from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
@@ -68,137 +65,6 @@ _UNUSED_BASE_BUFFERS = (
     "is_masked_token_mask",
     "_slot_mapping_buffer",
 )
-
-
-def draft_graph_sizes(vllm_config: VllmConfig, max_num_requests: int, on_cuda: bool) -> list[int]:
-    """Request counts whose block draft is captured in a CUDA graph: the runner's capture sizes
-    up to ``max_num_requests``. None with ``speculative_config.enforce_eager=True``, with a target
-    that captures no graphs (``enforce_eager``, ``cudagraph_mode`` NONE) or off CUDA."""
-    enforce_eager = vllm_config.speculative_config.enforce_eager
-    mode = vllm_config.compilation_config.cudagraph_mode
-    if enforce_eager or not on_cuda or mode is None or mode == CUDAGraphMode.NONE:
-        return []
-    sizes = vllm_config.compilation_config.cudagraph_capture_sizes or []
-    return sorted({size for size in sizes if size <= max_num_requests})
-
-
-class DraftGraphs:
-    """FULL CUDA graphs of ``BlockDrafter.draft`` per padded request count, captured and replayed
-    by vLLM's ``CUDAGraphWrapper`` (as vLLM's own graphs are, keyed by a ``BatchDescriptor``).
-
-    The graph reads fixed buffers (slots, anchors, anchor tokens); rows past the batch draft from
-    the scratch slot and are dropped. Only greedy drafts replay: a probabilistic sampler reads
-    per-step sampling metadata that a graph would freeze at capture.
-    """
-
-    def __init__(
-        self,
-        drafter: BlockDrafter,
-        vllm_config: VllmConfig,
-        sizes: list[int],
-        num_drafts: int,
-        with_confidence: bool,
-    ) -> None:
-        self.sizes = sorted(sizes)
-        self.num_drafts = num_drafts
-        self._drafter = drafter
-        self._vllm_config = vllm_config
-        self._with_confidence = with_confidence
-        device, largest = drafter.ring.tags.device, self.sizes[-1]
-        self._slots = torch.full((largest,), drafter.scratch_slot, dtype=torch.int64, device=device)
-        self._anchors = torch.zeros(largest, dtype=torch.int64, device=device)
-        self._anchor_tokens = torch.zeros(largest, dtype=torch.int64, device=device)
-        self._graph = CUDAGraphWrapper(self._draft_from_buffers, vllm_config, CUDAGraphMode.FULL)
-
-    @property
-    def captured(self) -> set[int]:
-        """Sizes the wrapper holds a graph for. vLLM's CUDA-graph memory profile captures and
-        then clears every wrapper's graphs; the runner's capture pass captures them again."""
-        return {
-            descriptor.num_tokens
-            for descriptor, entry in self._graph.concrete_cudagraph_entries.items()
-            if entry.cudagraph is not None
-        }
-
-    def padded_size(self, num_requests: int) -> int | None:
-        """The captured size a batch of ``num_requests`` replays; None: it runs eagerly."""
-        index = bisect.bisect_left(self.sizes, num_requests)
-        if index == len(self.sizes) or self.sizes[index] not in self.captured:
-            return None
-        return self.sizes[index]
-
-    def capture(self, size: int) -> None:
-        """Capture the draft of ``size`` requests (inside the runner's graph-capture pass)."""
-        with self._context(size):
-            self._graph(size)
-
-    def draft(
-        self, slots: torch.Tensor, anchors: torch.Tensor, anchor_tokens: torch.Tensor, size: int
-    ) -> DraftOutput:
-        """``BlockDrafter.draft`` of ``len(slots)`` requests by replaying the ``size`` graph."""
-        num_requests = slots.shape[0]
-        self._slots[:num_requests].copy_(slots)
-        self._slots[num_requests:size].fill_(self._drafter.scratch_slot)
-        for buffer, values in ((self._anchors, anchors), (self._anchor_tokens, anchor_tokens)):
-            buffer[:num_requests].copy_(values)
-            buffer[num_requests:size].zero_()
-        with self._context(size):
-            # The next replay overwrites the graph's outputs; the runner may still read these.
-            outputs = [t[:num_requests].clone() for t in self._graph(size)]
-        confidence = outputs[1] if self._with_confidence else None
-        return DraftOutput(token_ids=outputs[0], confidence=confidence, anchors=anchors)
-
-    def _draft_from_buffers(self, size: int) -> tuple[torch.Tensor, ...]:
-        output = self._drafter.draft(
-            self._slots[:size],
-            self._anchors[:size],
-            self._anchor_tokens[:size],
-            self.num_drafts,
-            with_confidence=self._with_confidence,
-        )
-        if output.confidence is None:
-            return (output.token_ids,)
-        return output.token_ids, output.confidence
-
-    def _context(self, size: int):
-        return set_forward_context(
-            None,
-            self._vllm_config,
-            num_tokens=size * self.num_drafts,
-            cudagraph_runtime_mode=CUDAGraphMode.FULL,
-            batch_descriptor=BatchDescriptor(num_tokens=size),
-        )
-
-
-def graph_and_eager_drafts_agree(proposer: "DSparkRingProposer") -> dict[int, bool]:
-    """For each captured size: whether replaying its graph drafts exactly what the eager draft
-    does for the same inputs (the scratch slot, distinct anchors and anchor tokens). A GPU
-    self-test calls this on a loaded proposer after the runner captured its graphs; it writes
-    nothing but the scratch slot's block buffers."""
-    graphs, drafter = proposer.draft_graphs, proposer._drafter
-    assert graphs is not None and drafter is not None, "no draft graphs were captured"
-    agree = {}
-    for size in sorted(graphs.captured):
-        device = drafter.ring.tags.device
-        slots = torch.full((size,), drafter.scratch_slot, dtype=torch.int64, device=device)
-        anchors = torch.arange(size, dtype=torch.int64, device=device) * 7
-        anchor_tokens = torch.arange(size, dtype=torch.int64, device=device) + 1
-        with proposer._draft_context(size):
-            eager = drafter.draft(slots, anchors, anchor_tokens, graphs.num_drafts)
-        replayed = graphs.draft(slots, anchors, anchor_tokens, size)
-        agree[size] = bool(torch.equal(eager.token_ids, replayed.token_ids))
-    return agree
-
-
-def upload_slots(slots: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Slot ids on ``device`` from a fresh pinned host tensor, copied without a sync.
-
-    Fresh per call, as the runner does where it cannot guard a buffer: under async scheduling
-    the next step's host code runs before this copy has executed, and would rewrite a reused
-    buffer under it (the draft would then write and read another step's slots).
-    """
-    host = torch.tensor(slots, dtype=torch.int64, pin_memory=is_pin_memory_available())
-    return host.to(device, non_blocking=True)
 
 
 class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
@@ -244,7 +110,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         assignment = self._slot_table.assign(req_ids)
         if assignment.fresh:
             assert self._drafter is not None
-            self._drafter.ring.invalidate(upload_slots(assignment.fresh, self.device))
+            fresh = async_tensor_h2d(assignment.fresh, self.device, dtype=torch.int64)
+            self._drafter.ring.invalidate(fresh)
         return assignment.slots
 
     def release_request(self, req_id: str) -> None:
@@ -284,27 +151,14 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             markov_bias_gathered=model.markov_head.apply_bias_gathered,
             draft_probs=draft_probs,
         )
-        graph_sizes = draft_graph_sizes(
-            self.vllm_config, self.max_batch_size, current_platform.is_cuda_alike()
-        )
-        if graph_sizes:
-            self.draft_graphs = DraftGraphs(
-                self._drafter,
-                self.vllm_config,
-                graph_sizes,
-                self.num_speculative_tokens,
-                with_confidence=self.options.scheduling.needs_confidence,
-            )
         ring_mib = ring.values.numel() * ring.values.element_size() / 2**20
         logger.info(
-            "DSpark V1 proposer: %s, window %d, %d slots, ring %.1f MiB, k=%d, draft CUDA "
-            "graphs for %s requests.",
+            "DSpark V1 proposer: %s, window %d, %d slots, ring %.1f MiB, k=%d.",
             type(backbone).__name__,
             backbone.window,
             self._slot_table.capacity,
             ring_mib,
             self.num_speculative_tokens,
-            graph_sizes or "no",
         )
 
     def _build_draft_model(self) -> DSparkRingDraft:
@@ -344,9 +198,24 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
 
     @override
     def initialize_cudagraph_keys(self, cudagraph_mode: CUDAGraphMode) -> None:
-        """No keys for EAGLE's token-count dispatcher: the draft's graphs are ``DraftGraphs``,
-        keyed by padded request count."""
+        """Plan the draft's graphs from the runner's final capture sizes (the runner calls this
+        after resolving them). No keys for EAGLE's token-count dispatcher: the draft's graphs
+        are ``DraftGraphs``, keyed by padded request count."""
         self.cudagraph_dispatcher.initialize_cudagraph_keys(CUDAGraphMode.NONE)
+        self.draft_graphs = None
+        sizes = draft_graph_sizes(
+            self.vllm_config, cudagraph_mode, current_platform.is_cuda_alike()
+        )
+        if self._drafter is None or not sizes:
+            return
+        self.draft_graphs = DraftGraphs(
+            self._drafter,
+            self.vllm_config,
+            sizes,
+            self.num_speculative_tokens,
+            with_confidence=self.options.scheduling.needs_confidence,
+            sample_from_logits=self._sample_from_logits if self.options.probabilistic else None,
+        )
 
     @override
     @torch.inference_mode()
@@ -392,15 +261,11 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
                 with_confidence=self.options.scheduling.needs_confidence,
                 sample=_profile_sampler if self._drafter.draft_probs is not None else greedy_sample,
             )
-        graphs = self.draft_graphs
-        if (
-            is_graph_capturing
-            and use_cudagraphs
-            and graphs is not None
-            and num_tokens in graphs.sizes
-            and num_tokens not in graphs.captured
-        ):
-            graphs.capture(num_tokens)
+        # The draft's graphs are FULL graphs of their own: captured at the first call of any of
+        # the runner's capture passes, whatever ``use_cudagraphs`` says (which is False outside
+        # its PIECEWISE pass, for EAGLE's piecewise graphs).
+        if is_graph_capturing and self.draft_graphs is not None:
+            self.draft_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     def _draft_context(self, num_requests: int):
         """vLLM's fused MoE layers look themselves up in the forward context."""
@@ -430,9 +295,15 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             # Safety net for finishes the release hook did not see.
             self._slot_table.reconcile(live_requests.keys())
         num_requests = len(req_ids)
-        request_slots = upload_slots(self._row_to_slot(req_ids), self.device)
+        # A fresh pinned host tensor per step, copied without a sync (vLLM's async_tensor_h2d),
+        # as the runner does where it cannot guard a buffer: under async scheduling the next
+        # step's host code runs before this copy has executed, and would rewrite a reused
+        # buffer under it (the draft would then write and read another step's slots).
+        slots = self._row_to_slot(req_ids)
+        request_slots = async_tensor_h2d(slots, self.device, dtype=torch.int64)
 
         sample = self._position_sampler(sampling_metadata)
+        sampled = sample is not greedy_sample
         step_inputs = (
             request_slots,
             target_hidden_states,
@@ -441,7 +312,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             num_rejected_tokens_gpu,
         )
         anchor_tokens = next_token_ids[:num_requests]
-        size = self._graph_size(num_requests, num_speculative_tokens, sample)
+        size = self._graph_size(num_requests, num_speculative_tokens, sampled)
+        self._draft_cudagraph_mode = CUDAGraphMode.NONE if size is None else CUDAGraphMode.FULL
         if size is None:
             with self._draft_context(num_requests):
                 output = self._drafter.step(
@@ -455,7 +327,13 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             assert self.draft_graphs is not None
             with self._draft_context(num_requests):
                 anchors = self._drafter.write_context(*step_inputs)
-            output = self.draft_graphs.draft(request_slots, anchors, anchor_tokens, size)
+            output = self.draft_graphs.draft(
+                request_slots,
+                anchors,
+                anchor_tokens,
+                size,
+                sampling_metadata if sampled else None,
+            )
         # Read by the runner (take_last_draft_probs) for rejection sampling.
         self._last_draft_probs = output.probs
         if output.confidence is not None:
@@ -464,12 +342,12 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             self._log_drafts(output.anchors, anchor_tokens, output.token_ids)
         return output.token_ids
 
-    def _graph_size(self, num_requests: int, num_drafts: int, sample) -> int | None:
+    def _graph_size(self, num_requests: int, num_drafts: int, sampled: bool) -> int | None:
         """The captured draft graph this step replays, or None to draft eagerly."""
         graphs = self.draft_graphs
-        if graphs is None or sample is not greedy_sample or num_drafts != graphs.num_drafts:
+        if graphs is None or num_drafts != graphs.num_drafts:
             return None
-        return graphs.padded_size(num_requests)
+        return graphs.padded_size(num_requests, sampled)
 
 
 def _profile_sampler(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,147 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""The dry start on vLLM 0.33.0's Python: every shipped GPU profile starts on the devices it
+targets, and a profile vLLM refuses stops with vLLM's own message naming the profile field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tools.dry_start.engine import Refused, refusal
+from tools.dry_start.table import DEVICES
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = REPO / "recipe" / "profiles"
+SPARK = "deepseek-v4-flash-2x-spark"
+
+# The attention class vLLM builds for each device's capability family.
+ATTENTION = {
+    "deepseek-v4-flash-2x-spark": {"12": "DeepseekV4FlashInferSM120Attention"},
+    "deepseek-v4-flash-b200": {"10": "DeepseekV4FlashMLAAttention"},
+    "qwen3-8b-dspark-blackwell": {"10": "Attention", "12": "Attention"},
+}
+
+
+def targets() -> list[tuple[str, str]]:
+    """Every shipped GPU profile on every table device of a capability it lists: the Spark one on
+    GB10, the Blackwell ones on each capability the Blackwell image targets."""
+    pairs = []
+    for path in sorted(PROFILES.glob("*.yaml")):
+        capabilities = yaml.safe_load(path.read_text()).get("compute_capability", [])
+        for name, device in sorted(DEVICES.items()):
+            if "{}.{}".format(*device.capability) in capabilities:
+                pairs.append((path.stem, name))
+    return pairs
+
+
+def decisions(report: dict) -> dict[tuple[str, str], str]:
+    return {(d["step"], d["name"]): d["value"] for d in report["decisions"]}
+
+
+def test_every_blackwell_capability_has_a_profile():
+    covered = {DEVICES[device].capability for _, device in targets()}
+    assert covered == {(12, 1), (10, 0), (10, 3), (12, 0)}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(("profile", "device"), targets())
+def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
+    rc, _, report = dry_start("--profile", profile, "--device", device, "--json")
+    assert rc == 0 and report["ok"], report["refusal"]
+    made = decisions(report)
+    assert {step for step, _ in made} >= {
+        "config",
+        "model",
+        "draft",
+        "memory",
+        "kv cache",
+        "graphs",
+    }
+    assert made[("config", "vllm")] == "0.33.0"
+    attention = ATTENTION[profile][str(DEVICES[device].capability[0])]
+    assert any(name.startswith(f"attention {attention} x") for _, name in made), sorted(made)
+    max_model_len = (
+        f"{yaml.safe_load((PROFILES / f'{profile}.yaml').read_text())['max_model_len']:,}"
+    )
+    # The KV budget holds at least one request of max_model_len tokens.
+    assert float(made[("kv cache", f"max concurrency at {max_model_len} tokens")]) >= 1.0
+
+
+@pytest.mark.multiproc
+def test_spark_decisions_on_gb10(dry_start):
+    """What vLLM 0.33.0 decides for the two-node Spark profile on GB10 (sm_121)."""
+    _, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--json")
+    made = decisions(report)
+    assert made[("config", "kv cache dtype")] == "fp8"
+    routed = made[("model", "RoutedExperts x43")]
+    assert "Mxfp4MoEMethod" in routed and "MARLIN" in routed  # the profile's --moe-backend
+    assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
+    assert made[("draft", "proposer")] == "DSparkRingProposer"
+    assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+
+
+@pytest.mark.multiproc
+def test_the_v2_lane_runs_vllms_config_rules(dry_start):
+    """Model Runner V2 needs Triton with a CUDA driver: on this CPU the dry start runs V2's
+    arguments and config rules, then says what it did not run."""
+    rc, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--lane", "v2", "--json")
+    assert rc == 0 and report["ok"], report["refusal"]
+    assert decisions(report)[("config", "model runner")] == "V2"
+    assert "V2 model runner needs Triton" in report["not_run"]
+
+
+def bad_profile(tmp_path: Path, name: str, **changes) -> Path:
+    profile = yaml.safe_load((PROFILES / f"{SPARK}.yaml").read_text())
+    serve_args = changes.pop("serve_args", [])
+    profile["serve_args"] = [
+        arg for arg in profile["serve_args"] if arg.split("=")[0] not in dict(serve_args)
+    ] + [f"{flag}={value}" for flag, value in serve_args]
+    profile.update(changes)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path
+
+
+REFUSED = {
+    # The KV-cache dtype of the reference recipe: GB10's DeepSeek-V4 attention class refuses it.
+    "kv-dtype": (
+        {"kv_cache_dtype": "nvfp4_ds_mla"},
+        "DeepseekV4 fp8_ds_mla layout only supports fp8 kv-cache, got nvfp4_ds_mla",
+        "kv_cache_dtype",
+    ),
+    # An NVFP4-only MoE backend for the checkpoint's MXFP4 experts.
+    "moe-backend": (
+        {"serve_args": [("--moe-backend", "flashinfer_b12x")]},
+        "flashinfer_b12x",
+        "serve_args --moe-backend",
+    ),
+    # A capture size vLLM rewrites: 36 (the widest decode step, 6 requests x (5 + 1)) is cut to
+    # 32 on vLLM's capture grid, and the spec-decode rounding then keeps [6, 12, 18, 24].
+    "capture-size": (
+        {"serve_args": [("--compilation-config", '{"max_cudagraph_capture_size": 36}')]},
+        "Truncating max_cudagraph_capture_size to 32",
+        "serve_args --compilation-config",
+    ),
+}
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_profile_stops_with_vllms_message_as_the_last_line(dry_start, tmp_path, case):
+    changes, message, field = REFUSED[case]
+    profile = bad_profile(tmp_path, case, **changes)
+    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10")
+    assert rc == 1
+    assert lines[-1].startswith("REFUSED at ") and message in lines[-1], lines[-1]
+    named = lines[-1].rsplit("(profile: ", 1)[1].split(";")[0]
+    assert field in named, named
+
+
+def test_refusal_names_the_field_vllm_names():
+    error = ValueError("Invalid value 'x' for --moe-backend. Expected one of ...\n  more")
+    found = refusal(Refused("engine", error))
+    assert found.cause == "serve_args --moe-backend"
+    assert "\n" not in found.message

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""Dry start of a serving profile on a target device, without the device.
+
+    python -m tools.dry_start --profile deepseek-v4-flash-2x-spark --device gb10 [--rank N] [--json]
+
+Runs vLLM's start-up (`engine.py`) for one rank of the profile, with the `vllm serve` arguments
+the launcher renders for that rank, the checkpoint's config.json (`checkpoints.py`) and the
+device answered from a table (`table.py`). Use the Python of the vLLM the images ship (0.33.0).
+Exit status: 0 when vLLM accepted everything, 1 when it refused (its message is the last line),
+2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+WHEELS = REPO / ".cache" / "wheels"
+sys.path.insert(0, str(REPO / "launch"))
+
+from dspark_launch.errors import ConfigError  # noqa: E402
+from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
+from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
+from dspark_launch.render import serve_args  # noqa: E402
+from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
+from tools.dry_start import checkpoints, engine, table  # noqa: E402
+from tools.dry_start.engine import finish  # noqa: E402
+
+
+def vllm_wheel() -> Path | None:
+    """The vLLM wheel whose Python this interpreter imports (the setup script keeps it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        wanted = version("vllm")
+    except PackageNotFoundError:
+        return None
+    return next(iter(sorted(WHEELS.glob(f"vllm-{wanted}-*.whl"))), None)
+
+
+def stand_in_site(profile: Profile, hf_home: Path, lane: str) -> Site:
+    """A docker-mode site on loopback addresses: what the launcher's rendering needs to put the
+    profile's arguments together (the addresses and ports change nothing vLLM decides)."""
+
+    def node(role: str, rank: int) -> Node:
+        return Node(role, rank, f"127.0.0.{rank + 1}", None, None, None, None, hf_home, hf_home)
+
+    return Site(
+        path=Path("dry-start"),
+        profile=profile.name,
+        mode="docker",
+        image=None,
+        venv=None,
+        api_bind="127.0.0.1",
+        api_port=8000,
+        master_port=29500,
+        health_timeout_s=1,
+        health_interval_s=1,
+        head=node(HEAD, 0),
+        worker=node(WORKER, 1),
+        secrets=Secrets(None, None),
+        nccl_passthrough={},
+        lane=lane,
+    )
+
+
+def rank_args(profile: Profile, rank: int, hf_home: Path, lane: str = V1) -> list[str]:
+    """The `vllm serve` arguments the launcher renders for the node that holds `rank`."""
+    site = stand_in_site(profile, hf_home, lane)
+    node = site.head if rank == 0 else site.worker
+    return list(serve_args(profile, site, node))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.dry_start", description=__doc__.split("\n", 1)[0]
+    )
+    parser.add_argument("--profile", required=True, help="a name in recipe/profiles/ or a path")
+    parser.add_argument("--device", required=True, choices=sorted(table.DEVICES))
+    parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
+    parser.add_argument(
+        "--lane", choices=LANES, default=V1, help="the model runner (docs/lanes.md)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    options = parser.parse_args(argv)
+    try:
+        profile = load_profile(resolve_profile_path(options.profile, Path.cwd()))
+    except ConfigError as error:
+        print(f"dry start: {error}", file=sys.stderr)
+        return 2
+    if options.lane not in profile.lanes:
+        print(
+            f"dry start: profile {profile.name} does not serve the {options.lane} lane",
+            file=sys.stderr,
+        )
+        return 2
+    device = table.DEVICES[options.device]
+    wheel = vllm_wheel()
+    if wheel is None:
+        print(
+            f"dry start: no vLLM wheel in {WHEELS}: a dry start on a table device reads vLLM's "
+            "CUDA operators from it; run scripts/setup-cpu-env.sh",
+            file=sys.stderr,
+        )
+        return 2
+    with tempfile.TemporaryDirectory(prefix="dspark-dry-start-") as scratch:
+        hf_home = Path(scratch) / "hf"
+        models = {profile.model: profile.revision}
+        if profile.speculative.draft_model:
+            models[profile.speculative.draft_model] = None
+        try:
+            checkpoints.write_offline_cache(hf_home, models)
+        except KeyError as error:
+            print(f"dry start: {error.args[0]}", file=sys.stderr)
+            return 2
+        os.environ.update({**runner_env(options.lane), **profile.env})
+        os.environ.update(
+            HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", VLLM_CACHE_ROOT=f"{scratch}/vllm"
+        )
+        args = rank_args(profile, options.rank, hf_home, options.lane)
+
+        def start() -> engine.Report:
+            engine.install_platform(table.install(device, wheel))
+            return engine.run(args, options.rank, lambda: (device.memory_bytes,) * 2)
+
+        return engine.report_and_exit(start, options.json)
+
+
+if __name__ == "__main__":
+    finish(main(sys.argv[1:]))

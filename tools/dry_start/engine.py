@@ -1,0 +1,733 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""One rank's start-up through vLLM's own code, as far as it goes without loading weights.
+
+Run with the Python of the vLLM that serves: `python3 engine.py [--rank N] [--env NAME=VALUE]
+[--json] -- SERVE_ARGS` (the launcher pipes this file to the image's `python3 -` on each node).
+It parses the arguments with vLLM's `vllm serve` parser and builds the `VllmConfig`, then starts
+vLLM's `EngineCore` with a worker and an executor that subclass vLLM's own (`Worker`,
+`UniProcExecutor`) for this rank: the model runner, the DSpark proposer, the target and the draft
+built with vLLM's classes, the KV-cache specs, layout and sizing, the attention backends, the
+CUDA-graph plan and the scheduler are vLLM's. It prints every decision and stops at the first
+refusal with vLLM's message.
+
+Replaced, because a dry start loads no weights, runs no kernel and starts one rank alone:
+- the weights: the model is built on the meta device (the `dspark_dry` model loader, and every
+  tensor model code puts on the CUDA device goes to the meta device); no checkpoint tensor is
+  read, no post-load weight processing (repacking for kernels) runs, DSpark's draft loaders skip
+  their name checks;
+- the other ranks: PyTorch's fake process group stands in for them (collectives do nothing),
+  the device communicator is vLLM's base class (no NCCL), the tensor-parallel group has no
+  shared-memory broadcaster;
+- the device's memory use: the profile run and the graph capture run kernels, so the KV budget
+  is what the requested memory (`gpu_memory_utilization` x the device's memory, vLLM's
+  `request_memory`) leaves after the weights and every buffer, an upper bound because the
+  activation peak and the graphs' memory are not measured; no caching-allocator tuning, no
+  CUDA-graph memory pool;
+- vLLM inspects model classes in this process instead of a subprocess.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import enum
+import gc
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+DRY_LOAD_FORMAT = "dspark_dry"
+GIB = 1 << 30
+# Where a refusal's message points: the vLLM setting it names -> the profile field that sets it.
+PROFILE_FIELDS = {
+    "kv_cache_dtype": "kv_cache_dtype",
+    "kv-cache-dtype": "kv_cache_dtype",
+    "moe_backend": "serve_args --moe-backend",
+    "moe-backend": "serve_args --moe-backend",
+    "max_cudagraph_capture_size": "serve_args --max-cudagraph-capture-size",
+    "cudagraph_capture_sizes": "serve_args --compilation-config cudagraph_capture_sizes",
+    "num_speculative_tokens": "speculative.num_speculative_tokens",
+    "max_num_seqs": "max_num_seqs",
+    "max_model_len": "max_model_len",
+    "block_size": "serve_args --block-size",
+    "block-size": "serve_args --block-size",
+    "gpu_memory_utilization": "serve_args --gpu-memory-utilization",
+    "tensor_parallel_size": "tensor_parallel_size",
+    "quantization": "serve_args --quantization",
+    "attention_backend": "serve_args --attention-backend",
+    "dtype": "dtype",
+}
+
+
+@dataclass
+class Decision:
+    """One choice vLLM made."""
+
+    step: str
+    name: str
+    value: str
+
+
+@dataclass
+class Refusal:
+    """Where vLLM stopped, with its own message."""
+
+    step: str
+    message: str
+    cause: str
+    fix: str
+
+
+@dataclass
+class Report:
+    rank: int
+    decisions: list[Decision] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    refusal: Refusal | None = None
+    not_run: str | None = None  # what this host cannot start, and where it runs instead
+
+    @property
+    def ok(self) -> bool:
+        return self.refusal is None
+
+    def decide(self, step: str, name: str, value: object) -> None:
+        self.decisions.append(Decision(step, name, str(value)))
+
+    def as_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+    def lines(self) -> Iterator[str]:
+        for decision in self.decisions:
+            yield f"{decision.step:>8}  {decision.name}: {decision.value}"
+        for warning in self.warnings:
+            yield f" warning  {warning}"
+        if self.not_run:
+            yield f" not run  {self.not_run}"
+        if self.refusal:
+            refusal = self.refusal
+            yield (
+                f"REFUSED at {refusal.step}: {refusal.message} (profile: {refusal.cause}; "
+                f"fix: {refusal.fix})"
+            )
+        else:
+            yield f"ok: rank {self.rank} starts as far as it goes without a device"
+
+
+class Refused(Exception):
+    """vLLM refused the deployment during `step`."""
+
+    def __init__(self, step: str, error: BaseException) -> None:
+        super().__init__(step)
+        self.step = step
+        self.error = error
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[None]:
+    try:
+        yield
+    except Refused:
+        raise
+    except Exception as error:  # vLLM refuses with ValueError, AssertionError, pydantic, ...
+        raise Refused(name, error) from error
+
+
+class WarningLog(logging.Handler):
+    """vLLM's warnings while it starts: among them, what it rewrote (a truncated capture size)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage().strip()
+        if message and message not in self.messages:
+            self.messages.append(message)
+
+
+def refusal(error: Refused) -> Refusal:
+    """vLLM's own message, its last line, and the profile field it names."""
+    message = str(error.error).strip() or type(error.error).__name__
+    if hasattr(error.error, "errors"):  # pydantic: the validator's own message
+        message = "; ".join(str(e.get("msg", e)) for e in error.error.errors())
+    lines = [line for line in message.splitlines() if line.strip()]
+    message = " ".join(line.strip() for line in lines)
+    # vLLM names a setting in snake case or as its flag.
+    named = {word.strip("-") for word in re.findall(r"[\w-]+", message)}
+    causes = list(dict.fromkeys(field for key, field in PROFILE_FIELDS.items() if key in named))
+    cause = " or ".join(causes) or "serve_args"
+    fix = getattr(error.error, "fix", None) or (
+        f"change {cause} to a value vLLM accepts here (its message above says which)"
+    )
+    return Refusal(error.step, message, cause, fix)
+
+
+# vLLM's start-up, played for one rank -----------------------------------------------------
+
+
+def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
+    """`vllm serve`'s parser and checks, as the CLI runs them before starting anything."""
+    from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.logger import configure_logging_from_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    args = parser.parse_args(serve_args)
+    if args.model_tag is not None:  # ServeSubcommand.cmd: the positional model wins
+        args.model = args.model_tag
+    configure_logging_from_args(args)
+    validate_parsed_serve_args(args)
+    return args
+
+
+def create_config(args: argparse.Namespace):
+    """`VllmConfig` as `vllm serve` creates it (every config validator runs here)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    return engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER, headless=args.headless)
+
+
+def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None) -> dict[str, type]:
+    """vLLM's loader, worker and executor, each with only the device part replaced.
+
+    Defined after vLLM is imported (the caller sets the rank's environment first) and published
+    on this module, because vLLM resolves the worker class by its qualified name.
+    `device_memory` answers (free, total) bytes where there is no device to ask.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from typing_extensions import override
+
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.model_executor.model_loader import register_model_loader
+    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+    from vllm.platforms import current_platform
+    from vllm.utils.mem_utils import MemorySnapshot
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+    from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+    from vllm.v1.worker.utils import request_memory
+    from vllm.v1.worker.worker_base import CompilationTimes
+
+    @register_model_loader(DRY_LOAD_FORMAT)
+    class DryModelLoader(BaseModelLoader):
+        """Builds the model with vLLM's classes on the meta device; reads no weights."""
+
+        @override
+        def download_model(self, model_config) -> None:
+            pass
+
+        @override
+        def load_weights(self, model, model_config) -> None:
+            pass
+
+        def get_all_weights(self, model_config, model) -> Iterator:
+            """The default loader's checkpoint iterator, empty: no tensor is read."""
+            return iter(())
+
+        @override
+        def load_model(self, vllm_config, model_config, prefix=""):
+            with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
+                model = self.create_model(vllm_config, model_config, prefix=prefix)
+            return model.eval()
+
+    class DryWorker(Worker):
+        """vLLM's GPU worker for one rank of the deployment, on the meta device."""
+
+        @override
+        def init_device(self) -> None:
+            self.device = torch.device("meta")
+            world_size = self.parallel_config.world_size_across_dp
+            dist.init_process_group(
+                "fake", store=FakeStore(), rank=self.rank, world_size=world_size
+            )
+            init_worker_distributed_environment(
+                self.vllm_config, self.rank, "env://", self.local_rank, "fake"
+            )
+            if device_memory is None:  # the node's own device, measured as vLLM measures it
+                snapshot = MemorySnapshot(device=torch.device(current_platform.device_type, 0))
+            else:
+                snapshot = MemorySnapshot(device=self.device, auto_measure=False)
+                snapshot.free_memory, snapshot.total_memory = device_memory()
+            self.init_snapshot = snapshot
+            self.requested_memory = request_memory(snapshot, self.cache_config)
+            self._init_workspace_and_model_runner()
+
+        @override
+        def _scoped_allocator_max_split(self, max_split_size_mb: int):
+            """The meta device has no caching allocator to tune."""
+            return contextlib.nullcontext()
+
+        @override
+        def determine_available_memory(self) -> int:
+            """What the requested memory leaves after the weights and the buffers (the profile
+            run, which would measure the activation peak, runs kernels)."""
+            held = sum(_meta_storages().values())
+            self.dry_memory = {"requested": self.requested_memory, "held": held}
+            return self.requested_memory - held
+
+        @override
+        def compile_or_warm_up_model(self) -> CompilationTimes:
+            """Warm-up and capture run kernels: the plan is read from the runner instead."""
+            return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    class DryExecutor(UniProcExecutor):
+        """vLLM's in-process executor, for this rank of the deployment."""
+
+        @override
+        def _distributed_args(self) -> tuple[str, int, int]:
+            return "env://", rank, 0
+
+    def no_broadcaster(cls, *args, **kwargs) -> None:
+        """The tensor-parallel group's shared-memory queue waits for the other ranks."""
+        return None
+
+    MessageQueue.create_from_process_group = classmethod(no_broadcaster)
+    new_group = dist.new_group
+
+    def fake_group(*args, **kwargs):
+        """Every group the ranks would form (NCCL, gloo) is a fake one: no other rank runs."""
+        kwargs["backend"] = "fake"
+        return new_group(*args, **kwargs)
+
+    dist.new_group = fake_group
+    module = sys.modules[__name__]
+    classes = {"DryWorker": DryWorker, "DryExecutor": DryExecutor}
+    for name, cls in classes.items():
+        cls.__module__, cls.__qualname__ = __name__, name
+        setattr(module, name, cls)
+    return classes
+
+
+def meta_device():
+    """A torch function mode in which every tensor meant for the CUDA device is made on the meta
+    device: model code that names the device (`current_platform.device_type`) allocates nothing
+    there either."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    def to_meta(value):
+        if isinstance(value, torch.device) and value.type == "cuda":
+            return torch.device("meta")
+        if isinstance(value, str) and (value == "cuda" or value.startswith("cuda:")):
+            return "meta"
+        return value
+
+    class MetaDevice(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            args = tuple(to_meta(arg) for arg in args)
+            kwargs = {key: to_meta(value) for key, value in (kwargs or {}).items()}
+            if func is torch.Tensor.cuda:
+                return args[0].to("meta")
+            return func(*args, **kwargs)
+
+    return MetaDevice()
+
+
+def _meta_storages() -> dict[int, int]:
+    """Every storage this process holds on the meta device (what the device would hold), each
+    counted once however many tensors view it: storage id -> bytes."""
+    import torch
+
+    storages = {}
+    with warnings.catch_warnings():  # isinstance() on deprecated torch aliases warns
+        warnings.simplefilter("ignore", FutureWarning)
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor) and obj.is_meta:
+                storage = obj.untyped_storage()
+                storages[storage._cdata] = storage.nbytes()
+    return storages
+
+
+def skip_draft_weights() -> None:
+    """DSpark's drafts check their tensors by name (the Qwen3 draft, through the loader) or
+    read them themselves (the DeepSeek-V4 ring draft, past the loader): no tensor is read."""
+    try:
+        from vllm.v1.spec_decode.dspark import paged_proposer, ring_proposer
+    except ImportError:  # DSpark is not installed: vLLM refuses `dspark` itself
+        return
+    paged_proposer.check_loaded_draft = lambda model, shipped: None
+    ring_proposer.checkpoint_draft_tensors = lambda loader, model_config: {}
+    ring_proposer.load_deepseek_v4_draft = lambda model, weights, hf_config: None
+    ring_proposer.process_weights_after_loading = lambda model, model_config, device: None
+
+
+def install_platform(base: type | None = None) -> None:
+    """vLLM's CUDA platform (`base`, else the one vLLM detects) with the device communicator
+    of a single rank: the other ranks do not run, so there is nothing to reach over NCCL."""
+    from typing_extensions import override
+
+    import vllm.platforms
+
+    base = base or type(vllm.platforms.current_platform)
+
+    class DryStartPlatform(base):
+        @classmethod
+        @override
+        def get_current_memory_usage(cls, device=None) -> float:
+            """The model is built on the meta device: nothing of it is on the device."""
+            return 0.0
+
+        @override
+        def get_global_graph_pool(self) -> object:
+            """A CUDA-graph memory pool is device memory; a dry start captures nothing."""
+            return object()
+
+        @classmethod
+        @override
+        def get_device_communicator_cls(cls) -> str:
+            return "vllm.distributed.device_communicators.base_device_communicator." + (
+                "DeviceCommunicatorBase"
+            )
+
+    vllm.platforms.current_platform = DryStartPlatform()
+
+
+def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
+    """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
+    `install_platform` first."""
+    report = Report(rank)
+    from vllm.model_executor.models import registry
+
+    warning_log = WarningLog()
+    # vLLM inspects model classes in a subprocess so as not to initialise CUDA here; a dry start
+    # never does, and a subprocess would not see this platform.
+    registry._run_in_subprocess = lambda inspect: inspect()
+    report.decide("args", "vllm serve", shlex.join(serve_args))
+    try:
+        with step("arguments"):
+            args = parse_serve_args(serve_args)
+        # After vLLM's logging is configured for these arguments, as `vllm serve` does.
+        logging.getLogger("vllm").addHandler(warning_log)
+        with step("config"):
+            config = create_config(args)
+        describe_config(report, config)
+        start_engine(report, config, rank, device_memory)
+        if report.not_run is None:  # the sizes below are the runner's final ones
+            with step("graphs"):
+                check_widest_decode_batch(config, warning_log.messages)
+    except Refused as error:
+        traceback.print_exception(error.error, file=sys.stderr)  # with vLLM's log, on stderr
+        report.refusal = refusal(error)
+    finally:
+        report.warnings[:0] = warning_log.messages
+    return report
+
+
+def start_engine(report: Report, config, rank: int, device_memory) -> None:
+    """vLLM's engine core for `config`, this rank's worker in it."""
+    from vllm.triton_utils import HAS_TRITON
+    from vllm.v1.engine.core import EngineCore
+
+    if config.use_v2_model_runner and not HAS_TRITON:  # vLLM's own condition for V2
+        report.not_run = (
+            "the V2 model runner needs Triton with a CUDA driver; vLLM accepted the config, "
+            "the node's dry start (preflight) runs the rest"
+        )
+        return
+    classes = vllm_classes(rank, device_memory)
+    skip_draft_weights()
+    config.parallel_config.worker_cls = f"{__name__}.DryWorker"
+    config.load_config.load_format = DRY_LOAD_FORMAT
+    with step("engine"), meta_device():
+        core = EngineCore(config, classes["DryExecutor"], log_stats=False)
+    try:
+        describe_engine(report, config, core)
+    except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
+        report.warnings.append(f"the report stops short: {error}")
+
+
+def describe_config(report: Report, config) -> None:
+    import vllm
+    from vllm.platforms import current_platform
+
+    model, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
+    capability = current_platform.get_device_capability()
+    decide = lambda name, value: report.decide("config", name, value)  # noqa: E731
+    decide("vllm", vllm.__version__)
+    decide("device", f"{current_platform.get_device_name()}, capability {capability}")
+    decide("model runner", "V2" if config.use_v2_model_runner else "V1")
+    decide("architecture", model.architecture)
+    decide("quantization", model.quantization)
+    decide("dtype", model.dtype)
+    decide(
+        "tensor parallel",
+        f"{config.parallel_config.tensor_parallel_size} over "
+        f"{config.parallel_config.nnodes} node(s)",
+    )
+    decide("max_model_len", model.max_model_len)
+    decide("max_num_seqs", scheduler.max_num_seqs)
+    decide("max_num_batched_tokens", scheduler.max_num_batched_tokens)
+    decide("async scheduling", scheduler.async_scheduling)
+    decide("prefix caching", cache.enable_prefix_caching)
+    decide("kv cache dtype", cache.cache_dtype)
+    speculative = config.speculative_config
+    if speculative is not None:
+        draft = speculative.draft_model_config
+        decide(
+            "speculative",
+            f"{speculative.method}, k={speculative.num_speculative_tokens}, "
+            f"draft {draft.architecture if draft else None}, "
+            f"sampling {speculative.draft_sample_method}",
+        )
+    compilation = config.compilation_config
+    decide("compilation mode", compilation.mode.name)
+    decide("cudagraph mode (config)", compilation.cudagraph_mode.name)
+    decide("capture sizes (config)", compilation.cudagraph_capture_sizes)
+
+
+# Attributes in which vLLM's quantisation methods keep the kernel or backend they chose.
+CHOICE_ATTRIBUTES = ("mxfp4_backend", "nvfp4_backend", "fp8_backend", "experts_cls", "fp8_linear")
+
+
+def _name(obj) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return getattr(obj, "name", None) if isinstance(obj, enum.Enum) else cls.__name__
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def _unwrap(model):
+    """The model inside vLLM's CUDA-graph wrappers."""
+    return model.unwrap() if hasattr(model, "unwrap") else model
+
+
+def _storages(tensors) -> dict[int, int]:
+    storages = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        storages[storage._cdata] = storage.nbytes()
+    return storages
+
+
+def _module_storages(module) -> dict[int, int]:
+    return _storages([*module.parameters(), *module.buffers()])
+
+
+def device_tensors(obj, path: str, depth: int = 3) -> Iterator[tuple[str, object]]:
+    """The tensors a DSpark object holds (not a module's weights), by attribute path."""
+    import torch
+
+    for name, value in vars(obj).items():
+        if isinstance(value, torch.Tensor):
+            yield f"{path}.{name}", value
+        elif (
+            depth > 0
+            and not isinstance(value, torch.nn.Module)
+            and type(value).__module__.startswith("vllm.v1.spec_decode.dspark")
+        ):
+            yield from device_tensors(value, f"{path}.{name}", depth - 1)
+
+
+def describe_engine(report: Report, config, core) -> None:
+    from collections import Counter
+
+    from vllm.config import get_layers_from_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+    worker = core.model_executor.driver_worker.worker
+    runner = worker.model_runner
+    target = _unwrap(runner.get_model())
+    report.decide("model", "target", _name(target))
+    layers = get_layers_from_vllm_config(config, AttentionLayerBase)
+    attention = Counter()
+    for layer in layers.values():
+        spec = layer.get_kv_cache_spec(config)
+        layout = (
+            f"{getattr(layer, 'kv_cache_dtype', config.cache_config.cache_dtype)} KV, "
+            f"{_name(spec)} of {spec.page_size_bytes} B per {spec.block_size}-token block"
+            if spec is not None
+            else "no KV cache"
+        )
+        attention[(_name(layer), layer.get_attn_backend().get_name(), layout)] += 1
+    for (layer, backend, layout), count in attention.items():
+        report.decide("model", f"attention {layer} x{count}", f"{backend}: {layout}")
+    methods = Counter()
+    for module in target.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            choices = [
+                f"{name} {_name(getattr(method, name))}"
+                for name in CHOICE_ATTRIBUTES
+                if getattr(method, name, None) is not None
+            ]
+            methods[(_name(module), _name(method), ", ".join(choices))] += 1
+    for (module, method, choices), count in methods.items():
+        report.decide(
+            "model", f"{module} x{count}", f"{method}" + (f" ({choices})" if choices else "")
+        )
+    describe_draft(report, runner, target)
+    describe_memory(report, config, worker, runner)
+    describe_graphs(report, config, runner)
+
+
+def describe_draft(report: Report, runner, target) -> None:
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None:
+        return
+    report.decide("draft", "proposer", _name(drafter))
+    model = getattr(drafter, "model", None)
+    if model is not None:
+        model = _unwrap(model)
+        shared = _module_storages(target)
+        own = {k: v for k, v in _module_storages(model).items() if k not in shared}
+        report.decide(
+            "draft", "draft model", f"{_name(model)}, {_gib(sum(own.values()))} of its own"
+        )
+    seen = set()
+    for path, tensor in device_tensors(drafter, "proposer"):
+        storage = tensor.untyped_storage()._cdata
+        if storage not in seen and tensor.nbytes >= 2**20:
+            seen.add(storage)
+            report.decide(
+                "draft", path, f"{tuple(tensor.shape)} {tensor.dtype}, {_gib(tensor.nbytes)}"
+            )
+
+
+def describe_memory(report: Report, config, worker, runner) -> None:
+    memory = worker.dry_memory
+    kv = runner.kv_cache_config
+    cache = config.cache_config
+    target = _module_storages(_unwrap(runner.get_model()))
+    decide = lambda name, value: report.decide("memory", name, value)  # noqa: E731
+    decide("device memory", _gib(worker.init_snapshot.total_memory))
+    decide(
+        "requested",
+        f"{_gib(memory['requested'])} (gpu_memory_utilization {cache.gpu_memory_utilization})",
+    )
+    decide("target weights", _gib(sum(target.values())))
+    decide("draft weights and every buffer", _gib(memory["held"] - sum(target.values())))
+    decide("KV budget (activation peak not measured)", _gib(memory["requested"] - memory["held"]))
+    report.decide("kv cache", "layout", cache.kv_cache_layout)
+    for group in kv.kv_cache_groups:
+        spec = group.kv_cache_spec
+        report.decide(
+            "kv cache",
+            f"group of {len(group.layer_names)} layers",
+            f"{_name(spec)}, block {spec.block_size}, page {spec.page_size_bytes} B",
+        )
+    report.decide("kv cache", "blocks", kv.num_blocks)
+    report.decide("kv cache", "tokens", f"{cache.kv_cache_size_tokens:,}")
+    report.decide(
+        "kv cache",
+        f"max concurrency at {config.model_config.max_model_len:,} tokens",
+        f"{cache.kv_cache_max_concurrency:.2f}",
+    )
+
+
+def describe_graphs(report: Report, config, runner) -> None:
+    """The target's captures as the runner's dispatcher holds them, and the draft's as the
+    DSpark proposer plans them from those final sizes."""
+    compilation = config.compilation_config
+    report.decide("graphs", "cudagraph mode", compilation.cudagraph_mode.name)
+    report.decide("graphs", "capture sizes", compilation.cudagraph_capture_sizes)
+    for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
+        sizes = sorted({d.num_tokens for d in descriptors})
+        report.decide("graphs", f"target {mode.name} captures (tokens)", sizes)
+    speculative = config.speculative_config
+    if speculative is not None and speculative.use_dspark():
+        from vllm.v1.spec_decode.dspark.cudagraph import capture_plan
+
+        plan = capture_plan(config)
+        report.decide("graphs", "draft forward PIECEWISE (tokens)", list(plan.draft_forward))
+        report.decide("graphs", "draft FULL (requests)", list(plan.draft_requests))
+
+
+class UncoveredDecodeBatch(ValueError):
+    """The target's largest CUDA graph cannot hold a decode step of every request."""
+
+    fix = (
+        "leave --max-cudagraph-capture-size and cudagraph_capture_sizes to vLLM (its default "
+        "covers max_num_seqs x (num_speculative_tokens + 1)), or set a size at least that wide"
+    )
+
+
+def check_widest_decode_batch(config, vllm_warnings: list[str]) -> None:
+    """Refuse graphs that leave the widest speculative decode step eager: a decode step of
+    `max_num_seqs` requests verifies k + 1 tokens each, and a step wider than the largest
+    captured size runs without the target's CUDA graphs."""
+    from vllm.config import CUDAGraphMode
+
+    compilation = config.compilation_config
+    if compilation.cudagraph_mode == CUDAGraphMode.NONE or not compilation.cudagraph_capture_sizes:
+        return
+    speculative = config.speculative_config
+    per_request = 1 + (speculative.num_speculative_tokens if speculative is not None else 0)
+    widest = config.scheduler_config.max_num_seqs * per_request
+    largest = max(compilation.cudagraph_capture_sizes)
+    if largest >= widest:
+        return
+    rewrites = [w for w in vllm_warnings if "capture_size" in w or "capture size" in w]
+    raise UncoveredDecodeBatch(
+        f"the largest cudagraph_capture_sizes entry after vLLM's adjustments is {largest} "
+        f"tokens, below the widest decode step, max_num_seqs x (num_speculative_tokens + 1) "
+        f"= {widest} tokens, which would run without CUDA graphs"
+        + "".join(f"; vLLM: {w}" for w in rewrites)
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--rank", type=int, default=0, help="the rank to play (default 0)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the rank's environment, set before vLLM is imported",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "serve_args", nargs=argparse.REMAINDER, help="-- then the rank's `vllm serve` arguments"
+    )
+    options = parser.parse_args(argv)
+    for item in options.env:
+        name, _, value = item.partition("=")
+        os.environ[name] = value
+    serve_args = options.serve_args[1:] if options.serve_args[:1] == ["--"] else options.serve_args
+
+    def start() -> Report:
+        install_platform()
+        return run(serve_args, options.rank)
+
+    return report_and_exit(start, options.json)
+
+
+def finish(status: int) -> None:
+    """Exit with `status` and no interpreter teardown, where compiled extensions report leaks
+    after the verdict; child processes vLLM started go first."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def report_and_exit(start: Callable[[], Report], as_json: bool) -> int:
+    """Run `start` with vLLM's logs on stderr; the report is the last thing on stdout."""
+    with contextlib.redirect_stdout(sys.stderr):
+        report = start()
+    if as_json:
+        print(json.dumps(report.as_json()))
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    finish(main(sys.argv[1:]))
