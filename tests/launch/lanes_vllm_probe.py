@@ -58,7 +58,6 @@ try:
         "draft_sample_method": speculative.draft_sample_method,
         "enable_adaptive_verification": speculative.enable_adaptive_verification,
         "num_lookahead_tokens": config.num_lookahead_tokens,
-        "max_cudagraph_capture_size": config.compilation_config.max_cudagraph_capture_size,
         "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
         "max_model_len": config.model_config.max_model_len,
         "kv_cache_dtype": config.cache_config.cache_dtype,

@@ -6,8 +6,8 @@ adaptive verification against vLLM's rule in DeepSeek-V4's indexer.
 
 The DeepSeek-V4-Flash checkpoint is its config.json (the fields the project carries) and a
 stand-in tokenizer. The config is built on vLLM's CPU platform: it runs every validator, but
-the CUDA platform's decisions (attention class, graph mode) and Model Runner V2 itself need the
-device, so they are not made here (docs/lanes.md)."""
+the CUDA platform's decisions (attention class, graph mode and capture sizes) and Model Runner V2
+itself need the device, so they are not made here; the dry start makes them (docs/dry-start.md)."""
 
 from __future__ import annotations
 
@@ -77,7 +77,6 @@ def test_vllm_builds_a_v2_config_from_the_v2_lanes_arguments(spark_v2):
         "enable_adaptive_verification": False,
         # upstream's lookahead for an anchor-sampling DSpark draft: k, not the trained block
         "num_lookahead_tokens": profile.speculative.num_speculative_tokens,
-        "max_cudagraph_capture_size": profile.cudagraph_capture_size,
         "tensor_parallel_size": profile.tensor_parallel_size,
         "max_model_len": profile.max_model_len,
         "kv_cache_dtype": profile.kv_cache_dtype,
