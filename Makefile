@@ -6,6 +6,9 @@
 
 PYTHON := .venv/bin/python
 PYTEST := $(PYTHON) -m pytest
+# Two workers (pytest-xdist), each taking whole test files so that module-scoped engines start
+# once; PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=30.
+XDIST := -n 2 --dist loadfile
 
 .PHONY: help env install lint test-fast test dry-start demo
 
@@ -13,7 +16,7 @@ help:
 	@echo "make env        build .venv (vLLM 0.33.0) and .venv-vllm-0.32.0, DSpark installed in both"
 	@echo "make install    reinstall DSpark into both after changing overlay/ or patches/"
 	@echo "make lint       ruff, ruff format, mypy, SPDX headers, shellcheck, hadolint"
-	@echo "make test-fast  the unit tier (no vLLM engine, no Docker): a few minutes"
+	@echo "make test-fast  the unit tier (no vLLM engine, no Docker): under 2 minutes"
 	@echo "make test       the whole suite, as CI runs it"
 	@echo "make dry-start  vLLM 0.33.0's start-up of PROFILE on DEVICE (gb10, b200, b300, rtx-pro-6000)"
 	@echo "make demo       the CPU demo: DSpark against no speculation on tiny models"
@@ -35,11 +38,11 @@ lint:
 	git ls-files -z 'docker/*.Dockerfile' | xargs -0 .venv/bin/hadolint
 
 test-fast:
-	$(PYTEST) -m unit -q
+	$(PYTEST) -m unit -q $(XDIST) $(PYTEST_ARGS)
 
 test:
-	$(PYTEST)
-	.venv-vllm-0.32.0/bin/python -m pytest -m each_vllm
+	$(PYTEST) $(XDIST) $(PYTEST_ARGS)
+	.venv-vllm-0.32.0/bin/python -m pytest -m each_vllm $(XDIST) $(PYTEST_ARGS)
 
 PROFILE ?= deepseek-v4-flash-2x-spark
 DEVICE ?= gb10

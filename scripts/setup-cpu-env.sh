@@ -124,5 +124,5 @@ for environment in "$BASE" "$VENV"; do
     "$environment/bin/python" "$REPO/install.py"
 done
 
-printf '\nDone. Run the tests with: .venv/bin/python -m pytest\n'
-printf 'and what differs on vLLM 0.32.0 with: .venv-vllm-0.32.0/bin/python -m pytest -m each_vllm\n'
+printf '\nDone. Try the demo: .venv/bin/python -m dspark_demo\n'
+printf 'Run the tests: make test-fast (the unit tier), make test (everything, on both versions)\n'

