@@ -11,7 +11,6 @@ Replaced: `HAS_TRITON` in vLLM's config module (this CPU has no Triton backend),
 that the indexer asks for the device capability, and `has_deep_gemm` (answered yes, as on an
 image with DeepGEMM); model classes are inspected in-process."""
 
-import importlib
 import json
 import sys
 import traceback
@@ -19,28 +18,17 @@ from pathlib import Path
 
 tree, args_file, *capabilities = sys.argv[1:]
 sys.path.insert(0, tree)
+sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "launch"))
 
 import vllm.config.vllm  # noqa: E402
+from dspark_launch.serving_flags import serve_parser  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.model_executor.models import registry  # noqa: E402
 from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum  # noqa: E402
-from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 from vllm.v1.attention.backends.mla import indexer  # noqa: E402
 
 vllm.config.vllm.HAS_TRITON = True
 registry._run_in_subprocess = lambda inspect: inspect()
-
-
-def serve_parser():
-    """`vllm serve`'s parser, wherever this vLLM keeps it."""
-    for name in ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args"):
-        try:
-            return importlib.import_module(name).make_arg_parser(
-                FlexibleArgumentParser(prog="vllm serve")
-            )
-        except ModuleNotFoundError:
-            continue
-    raise RuntimeError("this vLLM has no cli_args module")
 
 
 report: dict = {"vllm": vllm.__version__}
