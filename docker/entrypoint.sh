@@ -52,7 +52,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, sys.argv[1])
-from dspark_common.safe_yaml import YamlError, cut, load_mapping
+from dspark_common.operator_input import cut
+from dspark_common.safe_yaml import YamlError, load_mapping
 
 try:
     config = load_mapping(Path(sys.argv[2]))

@@ -6,9 +6,11 @@ profiles, the image entrypoint's `--config` check and `recipe/pins.yaml`.
 PyYAML alone loads an alias bomb into a small shared graph that hangs whatever walks or prints
 it, recurses until `RecursionError` on deep nesting, keeps the last of two equal keys and raises
 `UnicodeDecodeError` on bytes that are not UTF-8. This reader refuses all of these with a
-one-line `YamlError` naming the file, and no message it raises quotes more than `MAX_SHOWN`
-characters of the file. Standard library and PyYAML only: the installer, the launcher and the
-image's entrypoint all import it.
+one-line `YamlError` naming the file, and every message it raises quotes the file through
+`operator_input.shown` or `escaped` (one line, cut); a path that is not a regular file, or a file
+larger than `MAX_BYTES`, is refused by `operator_input.read_regular` before anything is parsed.
+Standard library and PyYAML only: the installer, the launcher and the image's entrypoint all
+import it.
 """
 
 from __future__ import annotations
@@ -18,30 +20,19 @@ from typing import Any
 
 import yaml
 
+from dspark_common.operator_input import NotReadable, escaped, read_regular, shown
+
 MAX_BYTES = 1 << 20
 """Largest config file read (the shipped ones are a few KiB)."""
 MAX_DEPTH = 32
 """Deepest nesting of mappings and lists (the shipped files nest 4 deep)."""
 MAX_NODES = 100_000
 """Most values the document may hold with every alias expanded (an alias bomb holds 10^9)."""
-MAX_SHOWN = 80
-"""Longest excerpt of a value any message shows."""
 _BOM = b"\xef\xbb\xbf"
 
 
 class YamlError(ValueError):
     """The file cannot be read as a bounded YAML mapping; the message names the file."""
-
-
-def shown(value: object) -> str:
-    """`repr(value)`, cut to `MAX_SHOWN` characters, for error messages."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
-
-
-def cut(text: str, limit: int = 2 * MAX_SHOWN) -> str:
-    """`text` as is, or its start and `...` when longer than `limit`."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -88,24 +79,22 @@ class _BoundedLoader(yaml.SafeLoader):
 def load_mapping(path: Path) -> dict[str, Any]:
     """The YAML mapping in `path`; `YamlError` for anything else."""
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
-    except OSError as error:
-        raise YamlError(f"{path}: cannot read: {error.strerror or error}") from None
-    if len(raw) > MAX_BYTES:
-        raise YamlError(f"{path}: larger than {MAX_BYTES} bytes; this is not a config file")
+        raw = read_regular(path, MAX_BYTES).data
+    except NotReadable as error:
+        raise YamlError(str(error)) from None
+    name = escaped(str(path))
     if raw.startswith(_BOM):
-        raise YamlError(f"{path}: starts with a UTF-8 byte-order mark; save it without a BOM")
+        raise YamlError(f"{name}: starts with a UTF-8 byte-order mark; save it without a BOM")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
         raise YamlError(
-            f"{path}: not valid UTF-8 at byte {error.start}; save it as UTF-8"
+            f"{name}: not valid UTF-8 at byte {error.start}; save it as UTF-8"
         ) from None
     for number, line in enumerate(text.split("\n"), start=1):
         if "\r" in line:
             raise YamlError(
-                f"{path}: line {number} has a carriage return (Windows line ending); "
+                f"{name}: line {number} has a carriage return (Windows line ending); "
                 "convert the file with `dos2unix`"
             )
     loader = _BoundedLoader(text)
@@ -118,11 +107,11 @@ def load_mapping(path: Path) -> dict[str, Any]:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "unreadable"
-        raise YamlError(f"{path}: invalid YAML{where}: {problem[:200]}") from None
+        raise YamlError(f"{name}: invalid YAML{where}: {escaped(problem, 200)}") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        raise YamlError(f"{path}: must be a YAML mapping of keys to values, not {_kind(data)}")
+        raise YamlError(f"{name}: must be a YAML mapping of keys to values, not {_kind(data)}")
     return data
 
 

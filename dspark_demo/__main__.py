@@ -27,9 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dspark_common.operator_input import escaped
 from dspark_demo import quiet
 from dspark_demo.checkpoints import qwen3
-from dspark_demo.saved_pair import add_chat_template, serve_command
+from dspark_demo.saved_pair import (
+    SaveFailed,
+    add_chat_template,
+    save_pair,
+    save_problem,
+    serve_command,
+)
 
 if TYPE_CHECKING:
     from dspark_demo.engine import EngineRun
@@ -53,8 +60,9 @@ WORDS_SHOWN = 12
 WIDTH = 92
 
 
-def build_pair(pair: str, root: Path) -> tuple[Path, Path]:
-    """A target and a draft written in DeepSpec's layout."""
+def build_pair(pair: str, root: Path, chat_template: bool = False) -> tuple[Path, Path]:
+    """A target and a draft written in DeepSpec's layout; `chat_template`: the target's
+    tokenizer gets one, for `vllm serve`'s chat endpoint."""
     spec = qwen3.DSparkDraftSpec()
     if pair == "bigram":
         target = qwen3.build_qwen3_target(root / "target", kind="bigram")
@@ -66,6 +74,8 @@ def build_pair(pair: str, root: Path) -> tuple[Path, Path]:
     else:
         target = qwen3.build_qwen3_target(root / "target")
         weights = qwen3.random_dspark_weights(spec)
+    if chat_template:
+        add_chat_template(target)
     return target, qwen3.save_dspark_draft(root / "draft", spec, weights, target)
 
 
@@ -198,8 +208,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--max-tokens must be at least 1")
     if not 1 <= args.k <= qwen3.DSparkDraftSpec().block_size:
         parser.error("--k must be between 1 and the tiny draft's block size (4)")
-    if args.save is not None and args.save.exists() and any(args.save.iterdir()):
-        parser.error(f"--save {args.save}: the directory is not empty; name a new one")
+    problem = save_problem(args.save) if args.save is not None else None
+    if problem:
+        parser.error(f"--save {problem}")
     return args
 
 
@@ -247,7 +258,7 @@ def report(args: argparse.Namespace, target: Path, plain: Measured, dspark: Meas
     return equal
 
 
-def run(args: argparse.Namespace, workdir: Path, log: Path | None) -> int:
+def run(args: argparse.Namespace, scratch: Path, log: Path | None) -> int:
     from dspark_demo.engine import dspark_config
 
     def step(what: str) -> contextlib.AbstractContextManager:
@@ -263,13 +274,17 @@ def run(args: argparse.Namespace, workdir: Path, log: Path | None) -> int:
     )
     try:
         with step("building the tiny pair ..."):
-            target, draft = build_pair(args.pair, workdir)
             if args.save:
-                add_chat_template(target)
+                target, draft = save_pair(args.save, lambda root: build_pair(args.pair, root, True))
+            else:
+                target, draft = build_pair(args.pair, scratch)
         with step("running vLLM without speculation ..."):
             plain = generate(target, None, args.max_tokens, args.repeats)
         with step(f"running vLLM with DSpark (k={args.k}) ..."):
             dspark = generate(target, dspark_config(draft, k=args.k), args.max_tokens, args.repeats)
+    except SaveFailed as error:
+        print(f"dspark_demo: {error}", file=sys.stderr)
+        return 1
     except Exception as error:
         if log:
             print(f"--- the last lines of vLLM's log:\n{quiet.tail(log)}\n---", file=sys.stderr)
@@ -284,17 +299,29 @@ def run(args: argparse.Namespace, workdir: Path, log: Path | None) -> int:
     return 0 if equal else 1
 
 
+def saved_note(save: Path | None) -> str:
+    """What an interrupted run left in --save's folder: the pair is renamed there complete, or
+    not at all."""
+    if save is None:
+        return ""
+    if (save / "draft").is_dir():
+        return f"; the pair was complete and stays in {escaped(str(save))}"
+    return "; nothing was saved"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     missing = dspark_missing()
     if missing:
         print(f"dspark_demo: {missing}", file=sys.stderr)
         return 2
-    if args.save:
-        args.save.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dspark-demo-") as scratch:
         log = None if args.verbose else Path(scratch) / "vllm.log"
-        return run(args, args.save or Path(scratch), log)
+        try:
+            return run(args, Path(scratch), log)
+        except KeyboardInterrupt:
+            print(f"dspark_demo: interrupted{saved_note(args.save)}", file=sys.stderr)
+            return 130
 
 
 if __name__ == "__main__":

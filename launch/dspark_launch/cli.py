@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from dspark_common.operator_input import escaped, shown
 from dspark_launch.errors import ConfigError, ExitCode, LaunchError
 
 MAX_LOG_LINES = 1_000_000
@@ -30,7 +31,7 @@ def _line_count(text: str) -> int:
         value = 0
     if not 1 <= value <= MAX_LOG_LINES:
         raise argparse.ArgumentTypeError(
-            f"{text[:20]!r} is not a line count from 1 to {MAX_LOG_LINES}"
+            f"{shown(text)} is not a line count from 1 to {MAX_LOG_LINES}"
         )
     return value
 
@@ -121,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             ExitCode.BAD_CONFIG,
         )
     except OSError as e:
-        where = f" ({e.filename})" if e.filename else ""
-        return _fail(args.command, f"{e.strerror or e}{where}", ExitCode.FAILURE)
+        where = f" ({escaped(str(e.filename))})" if e.filename else ""
+        return _fail(args.command, f"{escaped(e.strerror or str(e))}{where}", ExitCode.FAILURE)
 
 
 def _fail(command: str, message: str, code: ExitCode) -> int:

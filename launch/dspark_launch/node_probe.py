@@ -2,8 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Read-only checks run on each node: model snapshot present, TCP ports free.
 
-Stdlib only: the launcher runs this file as `python3 - CHECK ARGS...` on the worker with the
-source on stdin, and with its own interpreter on the head, so both nodes run the same code.
+Stdlib and `dspark_common.operator_input` only: the launcher runs this file as
+`python3 - CHECK ARGS...` on the worker with the source (and that module, `Shell.run_script`) on
+stdin, and with its own interpreter on the head, so both nodes run the same code.
 Each check prints one JSON object: {"ok": bool, "detail": str}.
 """
 
@@ -14,6 +15,11 @@ import socket
 import sys
 from pathlib import Path
 
+from dspark_common.operator_input import NotReadable, describe, escaped, read_text
+
+INDEX_MAX_BYTES = 64 << 20
+"""Largest `model.safetensors.index.json` read (DeepSeek-V4-Flash's is a few MiB)."""
+
 
 def snapshot_problem(hf_home: Path, model: str, revision: str) -> str | None:
     """Why the pinned snapshot is not usable offline, or None when every shard is present."""
@@ -22,18 +28,29 @@ def snapshot_problem(hf_home: Path, model: str, revision: str) -> str | None:
     else:
         repo = "models--" + model.replace("/", "--")
         directory = hf_home / "hub" / repo / "snapshots" / revision
-    if not (directory / "config.json").is_file():
-        return f"{directory}/config.json is missing (download the snapshot at this revision)"
+    config = directory / "config.json"
+    kind = describe(config)
+    if kind == "does not exist":
+        return f"{escaped(str(config))} is missing (download the snapshot at this revision)"
+    if kind != "is a regular file":
+        return f"{escaped(str(config))} {kind}, not a regular file"
     index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    if describe(index) != "does not exist":
+        try:
+            weight_map = json.loads(read_text(index, INDEX_MAX_BYTES)[0])["weight_map"]
+            shards = sorted(set(weight_map.values()))
+        except (NotReadable, ValueError, KeyError, TypeError, AttributeError) as error:
+            return f"{escaped(str(index))}: not a safetensors index ({escaped(str(error))})"
     else:
         shards = [path.name for path in directory.glob("*.safetensors")]
         if not shards:
-            return f"{directory} has no *.safetensors weights"
+            return f"{escaped(str(directory))} has no *.safetensors weights"
     missing = [shard for shard in shards if not (directory / shard).is_file()]
     if missing:
-        return f"{directory} lacks {len(missing)} of {len(shards)} shards, first {missing[0]}"
+        return (
+            f"{escaped(str(directory))} lacks {len(missing)} of {len(shards)} shards, "
+            f"first {escaped(str(missing[0]))}"
+        )
     return None
 
 
@@ -59,7 +76,7 @@ def main(argv: list[str]) -> int:
         detail = f"in use on {args[0]}: {', '.join(map(str, busy))}" if busy else "free"
         result = {"ok": not busy, "detail": detail}
     else:
-        result = {"ok": False, "detail": f"unknown check {check!r}"}
+        result = {"ok": False, "detail": f"unknown check {escaped(repr(check))}"}
     print(json.dumps(result))
     return 0 if result["ok"] else 1
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dspark_common.safe_yaml import cut, shown
+from dspark_common.operator_input import describe, escaped, shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.lanes import LANES, RUNNER_ENV, V1, V2, adaptive_verification_problem
 from dspark_launch.schema import Section, read_yaml
@@ -59,6 +59,9 @@ FLAG_ALIASES = {
     "-sc": "--speculative-config",
     "--no-enforce-eager": "--enforce-eager",
 }
+# vLLM's serve parser prints its help and exits on these (`--help=TOPIC` included): the rank
+# would exit at once, successfully, without serving.
+EXITING_FLAGS = {"--help": "--help", "-h": "--help"}
 # Env the launcher sets per node or from secrets; a profile must not pin them.
 MANAGED_ENV = (
     "VLLM_HOST_IP",
@@ -133,7 +136,17 @@ class Profile:
 
 
 def managed_flag(arg: str) -> str | None:
-    """The managed flag that `arg` sets when vLLM parses it, else None.
+    """The managed flag that `arg` sets when vLLM parses it, else None."""
+    return _parsed_as(arg, {**{flag: flag for flag in MANAGED_FLAGS}, **FLAG_ALIASES})
+
+
+def exiting_flag(arg: str) -> str | None:
+    """The flag that makes vLLM's parser print and exit when `arg` is parsed, else None."""
+    return _parsed_as(arg, EXITING_FLAGS)
+
+
+def _parsed_as(arg: str, options: dict[str, str]) -> str | None:
+    """The flag of `options` (a spelling -> its flag) that vLLM's parser reads `arg` as.
 
     vLLM's parser turns `_` into `-` in `--names`, reads `--flag.key` as a key of `--flag`'s
     JSON, and is an argparse parser with allow_abbrev: an option may be shortened to any
@@ -144,7 +157,6 @@ def managed_flag(arg: str) -> str | None:
     name = arg.split("=", 1)[0]
     if name.startswith("--"):
         name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
-    options = {**{flag: flag for flag in MANAGED_FLAGS}, **FLAG_ALIASES}
     for option, flag in options.items():
         prefix = name.startswith("--") == option.startswith("--") and option.startswith(name)
         attached = not name.startswith("--") and len(option) == 2 and name[:2] == option
@@ -162,14 +174,10 @@ def resolve_profile_path(name_or_path: str, relative_to: Path) -> Path:
 
 
 def load_profile(path: Path) -> Profile:
-    try:
-        exists = path.is_file()
-    except OSError as e:  # a name too long, a loop of links
-        raise ConfigError(f"profile {cut(str(path))}: {e.strerror}") from None
-    if not exists:
-        raise ConfigError(
-            f"profile {cut(str(path))} does not exist (see recipe/profiles/ for the shipped ones)"
-        )
+    kind = describe(path)
+    if kind != "is a regular file":  # read_yaml refuses it too, without the hint
+        hint = " (see recipe/profiles/ for the shipped ones)" if kind == "does not exist" else ""
+        raise ConfigError(f"profile {escaped(str(path))} {kind}{hint}")
     top = Section(read_yaml(path), path)
     top.string("description", required=False, argv=False)
     model = top.string("model")
@@ -200,6 +208,12 @@ def load_profile(path: Path) -> Profile:
                 # The option only: a value after `=` may be a secret (`--api-key=...`).
                 f"{shown(arg.split('=', 1)[0])} sets {flag}, which the launcher sets from "
                 f"{MANAGED_FLAGS[flag]}",
+            )
+        if exiting_flag(arg):
+            raise top.error(
+                "serve_args",
+                f"{shown(arg)} makes vLLM's parser print its help and exit instead of serving; "
+                "remove it",
             )
     env = top.string_map("env")
     for name in env:

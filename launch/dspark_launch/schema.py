@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from dspark_common.safe_yaml import MAX_SHOWN, YamlError, load_mapping, shown
+from dspark_common.operator_input import MAX_SHOWN, escaped, shown
+from dspark_common.safe_yaml import YamlError, load_mapping
 from dspark_launch.errors import ConfigError
 
 LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
@@ -45,7 +46,9 @@ class Section:
         self._read: set[str] = set()
 
     def error(self, key: str, message: str) -> ConfigError:
-        return ConfigError(f"{self._source}: {self._prefix}{key}: {message}")
+        """`key` may come from the file (an unknown key): it is shown escaped."""
+        where = f"{escaped(str(self._source))}: {self._prefix}{escaped(key, MAX_SHOWN)}"
+        return ConfigError(f"{where}: {message}")
 
     def has(self, key: str) -> bool:
         return self._data.get(key) is not None
@@ -76,6 +79,10 @@ class Section:
             raise self.error(key, f"must be a non-empty string, {quoted}")
         if not is_one_line(value):
             raise self.error(key, "must be a single line (no line or page breaks, no NUL)")
+        if not value.isprintable():
+            raise self.error(
+                key, f"must hold printable characters only (no tabs or escape sequences), {quoted}"
+            )
         if argv and not secret and value.startswith("-"):
             raise self.error(
                 key, f"must not start with '-' (it would be read as an option), {quoted}"
@@ -157,11 +164,11 @@ class Section:
         present = [key for key in keys if self.has(key)]
         if len(present) > 1:
             names = " and ".join(self._prefix + key for key in present)
-            raise ConfigError(f"{self._source}: {names} are mutually exclusive; keep one")
+            raise ConfigError(
+                f"{escaped(str(self._source))}: {names} are mutually exclusive; keep one"
+            )
 
     def finish(self) -> None:
         unknown = sorted(str(key) for key in self._data if key not in self._read)
         if unknown:
-            raise self.error(
-                unknown[0][:MAX_SHOWN], "unknown key (check its spelling and indentation)"
-            )
+            raise self.error(unknown[0], "unknown key (check its spelling and indentation)")

@@ -13,6 +13,7 @@ refuse after minutes of weight loading is refused in seconds. Every rule is vLLM
   `map_nvfp4_backend`, `map_fp8_backend`, `map_unquantized_backend`), whose error names the
   valid choices.
 Prints one JSON object: {"ok": bool, "detail": str, "quantization": ..., "experts": ...}.
+Imports of the project: `dspark_common.operator_input` only, which the launcher ships with it.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+from dspark_common.operator_input import NotReadable, escaped, read_text
+
 # The MoE oracle (module, function) vLLM consults for each experts' format.
 ORACLES = {
     "mxfp4": ("vllm.model_executor.layers.fused_moe.oracle.mxfp4", "map_mxfp4_backend"),
@@ -38,6 +41,8 @@ ORACLES = {
 }
 # Config keys that give a model routed experts (DeepSeek, Qwen-MoE, Mixtral/gpt-oss).
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
+CONFIG_MAX_BYTES = 4 << 20
+"""Largest `config.json` read (published ones are a few KiB)."""
 
 
 class FlagError(Exception):
@@ -165,12 +170,13 @@ def check(config: dict, serve_args: list[str]) -> dict:
 def main(argv: list[str]) -> int:
     config_path, serve_args = Path(argv[0]), argv[1:]
     try:
-        config = json.loads(config_path.read_text())
+        config = json.loads(read_text(config_path, CONFIG_MAX_BYTES)[0])
         # vLLM logs to stdout; the launcher reads only this script's JSON there.
         with contextlib.redirect_stdout(sys.stderr):
             result = check(config, serve_args)
-    except (OSError, json.JSONDecodeError) as e:
-        result = {"ok": False, "detail": f"cannot read the checkpoint's {config_path}: {e}"}
+    except (NotReadable, json.JSONDecodeError) as e:
+        detail = f"cannot read the checkpoint's config.json: {escaped(str(e))}"
+        result = {"ok": False, "detail": detail}
     except FlagError as e:
         result = {"ok": False, "detail": str(e)}
     print(json.dumps(result))

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dspark_common import operator_input
 from dspark_launch import gid, node_probe
 from dspark_launch.errors import ConfigError, LaunchError
 from dspark_launch.runner import Result, Runner
@@ -27,6 +28,22 @@ _SHIP_SCRIPT = (
     '{ cat >"$tmp" && chmod 600 "$tmp" && mv -f "$tmp" "$1" || { rm -f "$tmp"; exit 1; }; } && '
     'sha256sum "$1"'
 )
+# Project modules the scripts run on a node import (stdlib only), shipped with each script.
+SHIPPED_MODULES = {"dspark_common.operator_input": Path(operator_input.__file__)}
+
+
+def bundled(script: Path) -> str:
+    """`script` as one program for `python3 -`, the modules it may import registered first: the
+    node has the script's text only (the head's Python and an image's may lack the project)."""
+    modules = {name: path.read_text() for name, path in SHIPPED_MODULES.items()}
+    return (
+        "import sys as _sys, types as _types\n"
+        f"for _name, _source in {modules!r}.items():\n"
+        "    _module = _sys.modules[_name] = _types.ModuleType(_name)\n"
+        "    exec(compile(_source, _name.replace('.', '/') + '.py', 'exec'), _module.__dict__)\n"
+        "del _sys, _types, _name, _source, _module\n"
+        f"exec(compile({script.read_text()!r}, {script.name!r}, 'exec'))\n"
+    )
 
 
 class Shell:
@@ -69,9 +86,8 @@ class Shell:
     ) -> dict:
         """Run a single-file script on the node (the stdlib-only probes with the node's Python,
         or with `python`, e.g. the image's); return its JSON answer, its last stdout line."""
-        source = Path(module_file).read_text()
         argv = [*(python or [self.python]), "-", *args]
-        return self.run_json(argv, source, Path(module_file).name, timeout_s)
+        return self.run_json(argv, bundled(Path(module_file)), Path(module_file).name, timeout_s)
 
     def run_json(
         self,

@@ -13,7 +13,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from dspark_common.safe_yaml import shown
+from dspark_common.operator_input import NotReadable, escaped, read_text, shown
 from dspark_launch.errors import ConfigError
 from dspark_launch.gid import parse_hca_selector
 from dspark_launch.lanes import LANES, V1
@@ -27,6 +27,8 @@ HEAD, WORKER = "head", "worker"
 _IMAGE_PIN = r"[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}|sha256:[0-9a-f]{64}"
 _IFNAME = r"[A-Za-z0-9_.:-]{1,15}"
 _SSH_TARGET = r"([A-Za-z0-9][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*"
+MAX_SECRET_BYTES = 16 << 10
+"""Largest secret file read: a token or an API key is one line, far shorter."""
 NCCL_PASSTHROUGH = (
     "NCCL_IB_MERGE_NICS",
     "NCCL_NET_GDR_LEVEL",
@@ -151,24 +153,24 @@ def _secret(section: Section, key: str, site_path: Path) -> str | None:
     if section.has(key):
         value = section.string(key, secret=True)
         if stat.S_IMODE(site_path.stat().st_mode) & 0o077:
-            raise section.error(
-                key, f"is inline, so {site_path} must be private: chmod 600 {site_path}"
-            )
+            name = escaped(str(site_path))
+            raise section.error(key, f"is inline, so {name} must be private: chmod 600 {name}")
         return value
     file_key = f"{key}_file"
     if not section.has(file_key):
         return None
     path = Path(section.string(file_key) or "")
+    name = escaped(str(path))
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        value = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as e:
-        raise section.error(file_key, f"cannot read {path}: {e}") from None
+        text, mode = read_text(path, MAX_SECRET_BYTES)
+    except NotReadable as e:
+        raise section.error(file_key, f"cannot read it: {e}") from None
     if mode & 0o077:
-        raise section.error(file_key, f"{path} is readable by others: chmod 600 {path}")
+        raise section.error(file_key, f"{name} is readable by others: chmod 600 {name}")
+    value = text.strip()
     if not value or not is_one_line(value):
         raise section.error(
-            file_key, f"{path} must hold exactly one non-empty line (no line or page breaks)"
+            file_key, f"{name} must hold exactly one non-empty line (no line or page breaks)"
         )
     return value
 
@@ -243,7 +245,7 @@ def load_site(path: Path) -> Site:
 
 def check_compatible(site: Site, profile: Profile) -> None:
     """Cross-file rules: what the profile needs from the site."""
-    profile_name = profile.name
+    profile_name, site_name = escaped(profile.name), escaped(str(site.path))
     if profile.nodes != 2:
         raise ConfigError(
             f"profile {profile_name} serves one host (nodes: 1); dspark-launch starts two-node "
@@ -252,25 +254,25 @@ def check_compatible(site: Site, profile: Profile) -> None:
         )
     if site.lane not in profile.lanes:
         raise ConfigError(
-            f"{site.path}: lane: profile {profile_name} serves the {', '.join(profile.lanes)} "
+            f"{site_name}: lane: profile {profile_name} serves the {', '.join(profile.lanes)} "
             f"lane(s), not {site.lane} (docs/lanes.md)"
         )
     if not profile.uses_hub_snapshot and site.mode == "docker":
         raise ConfigError(
-            f"{site.path}: mode: docker serves hub snapshots from hf_home, but profile "
+            f"{site_name}: mode: docker serves hub snapshots from hf_home, but profile "
             f"{profile_name} names a local model directory; use mode: local or a hub model"
         )
     if not profile.nccl_roce:
         return
     if site.mode == "local":
         raise ConfigError(
-            f"{site.path}: mode: local runs both ranks on one host, but profile {profile_name} "
+            f"{site_name}: mode: local runs both ranks on one host, but profile {profile_name} "
             "uses NCCL over RoCE between two hosts; use mode: docker"
         )
     for node in site.nodes:
         for key in ("nccl_ib_hca", "nccl_socket_ifname"):
             if getattr(node, key) is None:
                 raise ConfigError(
-                    f"{site.path}: {node.role}.{key}: required by profile {profile_name} "
+                    f"{site_name}: {node.role}.{key}: required by profile {profile_name} "
                     "(NCCL over RoCE); see `ibdev2netdev` on that node"
                 )

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from installer_testlib import REPO
 
-from dspark_common.safe_yaml import MAX_BYTES, MAX_SHOWN, YamlError, load_mapping
+from dspark_common.operator_input import MAX_SHOWN
+from dspark_common.safe_yaml import MAX_BYTES, YamlError, load_mapping
 from installer import pins as pins_module
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -18,7 +18,8 @@ from pathlib import Path
 
 tree, args_file, *capabilities = sys.argv[1:]
 sys.path.insert(0, tree)
-sys.path.insert(1, str(Path(__file__).resolve().parents[2] / "launch"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[1:1] = [str(REPO / "launch"), str(REPO)]  # dspark_launch, and the dspark_common it uses
 
 import vllm.config.vllm  # noqa: E402
 from dspark_launch.serving_flags import serve_parser  # noqa: E402

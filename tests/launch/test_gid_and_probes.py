@@ -16,6 +16,7 @@ from launch_testlib import fake_snapshot
 
 from dspark_launch import gid, node_probe
 from dspark_launch.gid import parse_hca_selector, resolve_gid_index
+from dspark_launch.shell import bundled
 
 IPV4_GID = "0000:0000:0000:0000:0000:ffff:{}"  # IPv4-mapped GID, e.g. 0a0a:0001 = 10.10.0.1
 
@@ -78,10 +79,11 @@ def test_no_usable_gid_is_an_error(sysfs):
 
 
 def _as_remote_script(module_file: str, *args: str) -> tuple[int, dict]:
-    """Run a probe like the launcher does over ssh: source on stdin, no package on the path."""
+    """Run a probe like the launcher does over ssh: source on stdin (with the project module it
+    imports, as `Shell.run_script` ships it), no package on the path."""
     done = subprocess.run(
         [sys.executable, "-I", "-", *args],
-        input=Path(module_file).read_text(),
+        input=bundled(Path(module_file)),
         capture_output=True,
         text=True,
         cwd="/",

@@ -8,8 +8,10 @@ Runs vLLM's start-up (`engine.py`) for one rank of the profile, with the `vllm s
 the launcher renders for that rank, the checkpoint's config.json (`checkpoints.py`) and the
 device answered from a table (`table.py`). Run it with `.venv`'s Python: it restarts itself on
 the tree of the vLLM the images ship, 0.33.0's Python with CPU extensions (`environment.py`).
-Exit status: 0 when vLLM accepted everything, 1 when it refused (its message is the last line),
-2 for bad arguments.
+Exit status: 0 when vLLM accepted everything; 2 for bad arguments: the dry start's own, a rank
+outside the deployment's world size, or the profile's values refused by vLLM's parser or config
+rules (any exit of the parser included); 1 when vLLM refused while starting the engine. A refusal
+is always the last line (and the `--json` report's `refusal`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 WHEELS = REPO / ".cache" / "wheels"
 sys.path.insert(0, str(REPO / "launch"))
 
+from dspark_common.operator_input import escaped  # noqa: E402
 from dspark_launch.errors import ConfigError  # noqa: E402
 from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
 from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
@@ -114,7 +117,7 @@ def main(argv: list[str]) -> int:
         return 2
     if options.lane not in profile.lanes:
         print(
-            f"dry start: profile {profile.name} does not serve the {options.lane} lane",
+            f"dry start: profile {escaped(profile.name)} does not serve the {options.lane} lane",
             file=sys.stderr,
         )
         return 2
@@ -139,7 +142,7 @@ def main(argv: list[str]) -> int:
         try:
             checkpoints.write_offline_cache(hf_home, models)
         except KeyError as error:
-            print(f"dry start: {error.args[0]}", file=sys.stderr)
+            print(f"dry start: {escaped(error.args[0], 400)}", file=sys.stderr)
             return 2
         os.environ.update({**runner_env(options.lane), **profile.env})
         os.environ.update(

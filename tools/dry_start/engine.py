@@ -2,8 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """One rank's start-up through vLLM's own code, as far as it goes without loading weights.
 
-Run with the Python of the vLLM that serves: `python3 engine.py [--rank N] [--env NAME=VALUE]
-[--json] -- SERVE_ARGS` (the launcher pipes this file to the image's `python3 -` on each node).
+Run with the Python of the vLLM that serves: `python3 -m tools.dry_start.engine [--rank N]
+[--env NAME=VALUE] [--json] -- SERVE_ARGS` (the launcher pipes this file, with the one project
+module it imports, `dspark_common.operator_input`, to the image's `python3 -` on each node).
 It parses the arguments with vLLM's `vllm serve` parser and builds the `VllmConfig`, then starts
 vLLM's `EngineCore` with a worker and an executor that subclass vLLM's own (`Worker`,
 `UniProcExecutor`) for this rank: the model runner, the DSpark proposer, the target and the draft
@@ -33,6 +34,7 @@ import argparse
 import contextlib
 import enum
 import gc
+import io
 import json
 import logging
 import os
@@ -44,9 +46,17 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
+from dspark_common.operator_input import escaped
+
 DRY_LOAD_FORMAT = "dspark_dry"
 GIB = 1 << 30
-# Where a refusal's message points: the vLLM setting it names -> the profile field that sets it.
+MAX_MESSAGE = 2000
+"""Longest refusal message shown (vLLM's messages quote the arguments)."""
+# Steps whose refusal is of the arguments themselves (the rank, vLLM's parser and its config
+# validators): exit status 2, as for any bad argument; a refusal while the engine starts is 1.
+ARGUMENT_STEPS = ("arguments", "config")
+# Where a refusal's message points: the vLLM setting it names (in snake case, as its flag, or in
+# words: "tensor parallel size") -> the profile field that sets it.
 PROFILE_FIELDS = {
     "kv_cache_dtype": "kv_cache_dtype",
     "kv-cache-dtype": "kv_cache_dtype",
@@ -63,6 +73,8 @@ PROFILE_FIELDS = {
     "tensor_parallel_size": "tensor_parallel_size",
     "quantization": "serve_args --quantization",
     "attention_backend": "serve_args --attention-backend",
+    "attention-backend": "serve_args --attention-backend",
+    "distributed_executor_backend": "(the launcher's --distributed-executor-backend mp)",
     "dtype": "dtype",
 }
 
@@ -130,6 +142,24 @@ class Refused(Exception):
         self.error = error
 
 
+class Exited(Exception):
+    """vLLM exited (`SystemExit`) instead of returning: its parser on `--help` or on an argument
+    it cannot parse, or start-up code that calls `sys.exit`."""
+
+    cause = "serve_args"
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+class RankOutsideWorld(ValueError):
+    """The rank to play is not one of the deployment's ranks."""
+
+    cause = "--rank"
+    fix = "pass a rank from 0 to the world size - 1 (tensor_parallel_size x pipeline parallel)"
+
+
 @contextlib.contextmanager
 def step(name: str) -> Iterator[None]:
     try:
@@ -138,6 +168,12 @@ def step(name: str) -> Iterator[None]:
         raise
     except Exception as error:  # vLLM refuses with ValueError, AssertionError, pydantic, ...
         raise Refused(name, error) from error
+    except SystemExit as error:  # a verdict too: the dry start never ends without one
+        exited = Exited(
+            f"vLLM exited with status {error.code} during {name}",
+            "run the same arguments with `vllm serve` to see why it exits",
+        )
+        raise Refused(name, exited) from error
 
 
 class WarningLog(logging.Handler):
@@ -153,17 +189,28 @@ class WarningLog(logging.Handler):
             self.messages.append(message)
 
 
+def named_settings(message: str) -> set[str]:
+    """The settings a message may name: its words and flags (`--moe-backend`, `block_size`),
+    and runs of two to four words joined by `_` ("tensor parallel size")."""
+    words = [word.strip("-") for word in re.findall(r"[\w-]+", message.lower())]
+    runs = {
+        "_".join(words[start : start + length])
+        for length in range(2, 5)
+        for start in range(len(words) - length + 1)
+    }
+    return set(words) | runs
+
+
 def refusal(error: Refused) -> Refusal:
-    """vLLM's own message, its last line, and the profile field it names."""
+    """vLLM's own message, on one line, and the profile field it names."""
     message = str(error.error).strip() or type(error.error).__name__
     if hasattr(error.error, "errors"):  # pydantic: the validator's own message
         message = "; ".join(str(e.get("msg", e)) for e in error.error.errors())
     lines = [line for line in message.splitlines() if line.strip()]
-    message = " ".join(line.strip() for line in lines)
-    # vLLM names a setting in snake case or as its flag.
-    named = {word.strip("-") for word in re.findall(r"[\w-]+", message)}
+    message = escaped(" ".join(line.strip() for line in lines), MAX_MESSAGE)
+    named = named_settings(message)
     causes = list(dict.fromkeys(field for key, field in PROFILE_FIELDS.items() if key in named))
-    cause = " or ".join(causes) or "serve_args"
+    cause = getattr(error.error, "cause", None) or " or ".join(causes) or "serve_args"
     fix = getattr(error.error, "fix", None) or (
         f"change {cause} to a value vLLM accepts here (its message above says which)"
     )
@@ -174,13 +221,32 @@ def refusal(error: Refused) -> Refusal:
 
 
 def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
-    """`vllm serve`'s parser and checks, as the CLI runs them before starting anything."""
+    """`vllm serve`'s parser and checks, as the CLI runs them before starting anything. The
+    parser exits on `--help` and on what it cannot parse: `Exited`, with its last line."""
     from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
-    args = parser.parse_args(serve_args)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            args = parser.parse_args(serve_args)
+    except SystemExit as error:
+        lines = [line.strip() for line in printed.getvalue().splitlines() if line.strip()]
+        if error.code:
+            said = lines[-1] if lines else "no message"
+            raise Exited(
+                f"vLLM's serve parser exited with status {error.code}: {said}",
+                "change serve_args to flags `vllm serve` accepts",
+            ) from None
+        raise Exited(
+            "vLLM's serve parser printed its help and exited (status 0) instead of returning "
+            "the arguments: serve_args holds a flag that prints and exits (--help)",
+            "remove --help from serve_args",
+        ) from None
+    finally:
+        sys.stderr.write(printed.getvalue())  # with vLLM's log, on stderr
     if args.model_tag is not None:  # ServeSubcommand.cmd: the positional model wins
         args.model = args.model_tag
     configure_logging_from_args(args)
@@ -412,6 +478,8 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
         logging.getLogger("vllm").addHandler(warning_log)
         with step("config"):
             config = create_config(args)
+        with step("arguments"):
+            check_rank(rank, config.parallel_config.world_size)
         describe_config(report, config)
         start_engine(report, config, rank, device_memory)
         if report.not_run is None:  # the sizes below are the runner's final ones
@@ -423,6 +491,15 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
     finally:
         report.warnings[:0] = warning_log.messages
     return report
+
+
+def check_rank(rank: int, world_size: int) -> None:
+    """The rank to play must be one of the deployment's `world_size` ranks (vLLM's count)."""
+    if not 0 <= rank < world_size:
+        raise RankOutsideWorld(
+            f"--rank {rank} is outside the world size {world_size} of these arguments "
+            f"(ranks 0 to {world_size - 1})"
+        )
 
 
 def start_engine(report: Report, config, rank: int, device_memory) -> None:
@@ -726,7 +803,10 @@ def report_and_exit(start: Callable[[], Report], as_json: bool) -> int:
         print(json.dumps(report.as_json()))
     else:
         print("\n".join(report.lines()))
-    return 0 if report.ok else 1
+    if report.ok:
+        return 0
+    assert report.refusal is not None
+    return 2 if report.refusal.step in ARGUMENT_STEPS else 1
 
 
 if __name__ == "__main__":
