@@ -131,6 +131,11 @@ class Section:
             return []
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self.error(key, "must be a list of strings")
+        for item in value:
+            if not is_one_line(item) or not item.isprintable():
+                raise self.error(
+                    key, f"{shown(item)} must be one line of printable characters (no escapes)"
+                )
         return value
 
     def string_map(self, key: str) -> dict[str, str]:
