@@ -37,10 +37,13 @@ def snapshot_problem(hf_home: Path, model: str, revision: str) -> str | None:
     index = directory / "model.safetensors.index.json"
     if describe(index) != "does not exist":
         try:
-            weight_map = json.loads(read_text(index, INDEX_MAX_BYTES)[0])["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (NotReadable, ValueError, KeyError, TypeError, AttributeError) as error:
-            return f"{escaped(str(index))}: not a safetensors index ({escaped(str(error))})"
+            text = read_text(index, INDEX_MAX_BYTES)[0]
+        except NotReadable as error:
+            return str(error)
+        try:
+            shards = sorted(set(json.loads(text)["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            return f"{escaped(str(index))}: not a safetensors index ({escaped(repr(error))})"
     else:
         shards = [path.name for path in directory.glob("*.safetensors")]
         if not shards:

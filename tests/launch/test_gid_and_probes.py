@@ -6,6 +6,7 @@ on a worker: as a script on stdin, outside the package."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -120,6 +121,24 @@ def test_snapshot_probe(tmp_path):
     (snapshot / "model-00001-of-00002.safetensors").write_bytes(b"\0")
     assert node_probe.snapshot_problem(tmp_path, "org/m", "c" * 40) == (
         f"{snapshot} lacks 1 of 2 shards, first model-00002-of-00002.safetensors"
+    )
+
+
+def test_snapshot_probe_names_special_files(tmp_path):
+    """A FIFO as config.json must not hang the probe, nor be reported missing."""
+    fake_snapshot(tmp_path, "org/m", "c" * 40)
+    snapshot = next(tmp_path.rglob("snapshots")) / ("c" * 40)
+    (snapshot / "config.json").unlink()
+    os.mkfifo(snapshot / "config.json")
+    rc, answer = _as_remote_script(
+        node_probe.__file__, "snapshot", str(tmp_path), "org/m", "c" * 40
+    )
+    assert rc == 1 and answer["detail"] == f"{snapshot}/config.json is a FIFO, not a regular file"
+    (snapshot / "config.json").unlink()
+    (snapshot / "config.json").write_text("{}")
+    (snapshot / "model.safetensors.index.json").mkdir()
+    assert node_probe.snapshot_problem(tmp_path, "org/m", "c" * 40) == (
+        f"{snapshot}/model.safetensors.index.json: is a directory, not a regular file"
     )
 
 

@@ -104,7 +104,10 @@ def test_a_secret_file_that_is_not_a_file_is_named_for_what_it_is(tmp_path, refu
     site = _site(tmp_path)
     site["secrets"] = {"api_key_file": str(special(tmp_path, kind))}
     line = refused(site)
-    assert f"secrets.api_key_file: cannot read it: {site['secrets']['api_key_file']}: is {kind}" in line
+    assert (
+        f"secrets.api_key_file: cannot read it: {site['secrets']['api_key_file']}: is {kind}"
+        in line
+    )
 
 
 def test_a_huge_secret_file_is_not_read_whole(tmp_path, refused):
@@ -119,7 +122,7 @@ def test_a_huge_secret_file_is_not_read_whole(tmp_path, refused):
 def test_a_socket_is_refused_without_reading(tmp_path):
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(str(tmp_path / "sock"))
-        with pytest.raises(NotReadable, match="sock: is a socket$"):
+        with pytest.raises(NotReadable, match=r"sock: is a socket$"):
             read_regular(tmp_path / "sock", 10)
 
 

@@ -12,6 +12,7 @@ fail on exactly the profile this issue found broken.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG, V4_FP8_LINEARS
 from dspark_launch import serving_flags
 from dspark_launch.profile import PROFILES_DIR, load_profile
+from dspark_launch.shell import bundled
 from tests.helpers import VLLM_SOURCES
 
 SPARK = PROFILES_DIR / "deepseek-v4-flash-2x-spark.yaml"
@@ -128,18 +130,28 @@ def test_kv_cache_dtype_and_quantization_go_through_vllm():
     assert (rc, answer["quantization"], answer["experts"]) == (0, "fp8", None), answer
 
 
-def test_an_unreadable_config_is_a_failure(tmp_path):
-    source = Path(serving_flags.__file__).read_text()
+@pytest.mark.parametrize("kind", ["missing", "a FIFO", "a directory"])
+def test_an_unreadable_config_is_a_failure(tmp_path, kind):
+    """As the launcher ships it (with the module it imports), outside the repository; a FIFO
+    must not hang it."""
+    config = tmp_path / "config.json"
+    if kind == "a FIFO":
+        os.mkfifo(config)
+    elif kind == "a directory":
+        config.mkdir()
     done = subprocess.run(
-        [sys.executable, "-", str(tmp_path / "missing.json"), "m"],
-        input=source,
+        [sys.executable, "-I", "-", str(config), "m"],
+        input=bundled(Path(serving_flags.__file__)),
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
+        cwd=tmp_path,
     )
-    assert done.returncode == 1
-    assert "cannot read the checkpoint's" in json.loads(done.stdout)["detail"]
+    assert done.returncode == 1, done.stderr
+    detail = json.loads(done.stdout)["detail"]
+    said = "does not exist" if kind == "missing" else f"is {kind}, not a regular file"
+    assert detail == f"cannot read the checkpoint's config.json: {config}: {said}"
 
 
 def test_the_deepseek_v4_expert_rules_mirror_vllms_source():
