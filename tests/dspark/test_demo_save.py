@@ -134,3 +134,10 @@ def test_a_complete_pair_takes_the_name_only_when_written(tmp_path, run_demo, mo
         2,
         f"python -m dspark_demo: error: --save {save}: the directory is not empty; name a new one",
     )
+
+
+def test_a_path_is_quoted_on_one_line(tmp_path, run_demo):
+    evil = tmp_path / "x\n\x1b[2Kok: saved"
+    code, lines = run_demo(evil / "pair")
+    assert code == 2 and lines[-1].isprintable()
+    assert lines[-1].endswith("x\\n\\x1b[2Kok: saved does not exist; name a folder inside one")

@@ -59,10 +59,9 @@ def run_check(tmp_path: Path, config: dict, args: list[str]) -> tuple[int, dict]
     """As the launcher runs it: the file piped to `python3 - CONFIG ARGS...`, JSON on stdout."""
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    source = Path(serving_flags.__file__).read_text()
     done = subprocess.run(
         [sys.executable, "-", str(path), *args],
-        input=source,
+        input=bundled(Path(serving_flags.__file__)),
         capture_output=True,
         text=True,
         timeout=300,
