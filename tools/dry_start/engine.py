@@ -74,7 +74,6 @@ PROFILE_FIELDS = {
     "quantization": "serve_args --quantization",
     "attention_backend": "serve_args --attention-backend",
     "attention-backend": "serve_args --attention-backend",
-    "distributed_executor_backend": "(the launcher's --distributed-executor-backend mp)",
     "dtype": "dtype",
 }
 
