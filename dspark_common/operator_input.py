@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 MAX_SHOWN = 80
 """Longest excerpt of a value any message shows."""
-MAX_PATH_SHOWN = 160
+MAX_PATH_SHOWN = 400
 """Longest excerpt of a path or a free text any message shows."""
 
 _KINDS = (

@@ -19,7 +19,7 @@ import yaml
 from launch_testlib import FAKES, write_profile, write_yaml
 from test_validation import _site
 
-from dspark_common.operator_input import NotReadable, escaped, read_regular, shown
+from dspark_common.operator_input import MAX_PATH_SHOWN, NotReadable, escaped, read_regular, shown
 from dspark_launch.profile import exiting_flag
 from dspark_launch.site import MAX_SECRET_BYTES
 
@@ -210,7 +210,7 @@ def test_paths_from_the_operator_are_escaped(tmp_path, refused):
 
 def test_escaped_keeps_one_printable_line_and_a_bound():
     text = escaped(EVIL * 100)
-    assert text.isprintable() and len(text) == 160 and text.endswith("...")
+    assert text.isprintable() and len(text) == MAX_PATH_SHOWN and text.endswith("...")
     assert escaped("ok: \\n") == "ok: \\n"  # printable text, backslashes included, is kept
     assert shown("a\nb") == "'a\\nb'"
 
