@@ -20,6 +20,20 @@ from dspark_common.operator_input import describe, escaped
 
 PARTIAL = ".partial-"
 """Infix of the folder a pair is built in: ``.DIR.partial-PID`` beside DIR."""
+PAIR_FILES = (
+    "target/config.json",
+    "target/model.safetensors",
+    "target/tokenizer.json",
+    "target/tokenizer_config.json",
+    "target/chat_template.jinja",
+    "draft/config.json",
+    "draft/model.safetensors",
+    "draft/tokenizer.json",
+    "draft/tokenizer_config.json",
+)
+"""The files of a saved pair (tests/dspark/test_demo.py checks them against a real save): a
+folder with some of them missing or empty was left by an interrupted save of an earlier version,
+which wrote in place."""
 
 CHAT_TEMPLATE = (
     "{%- for message in messages %}{{ message['content'] }}"
@@ -67,9 +81,21 @@ def save_problem(destination: Path) -> str | None:
         return None
     if kind != "is a directory":
         return f"{name} {kind}; name a new folder"
-    if any(destination.iterdir()):
-        return f"{name}: the directory is not empty; name a new one"
-    return None
+    entries = {entry.name for entry in destination.iterdir()}
+    if not entries:
+        return None
+    if entries <= {"target", "draft"}:
+        complete = all(
+            (destination / file).is_file() and (destination / file).stat().st_size
+            for file in PAIR_FILES
+        )
+        if complete:
+            return f"{name} already holds a saved pair; serve it, or name a new folder"
+        return (
+            f"{name} holds an incomplete pair, left by an interrupted --save; delete it "
+            f"(rm -r {name}) or name a new folder"
+        )
+    return f"{name}: the directory is not empty; name a new one"
 
 
 def save_pair(destination: Path, build: Callable[[Path], tuple[Path, Path]]) -> tuple[Path, Path]:

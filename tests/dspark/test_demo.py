@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.saved_pair import CHAT_TEMPLATE
+from dspark_demo.saved_pair import CHAT_TEMPLATE, save_problem
 
 REPO = Path(__file__).resolve().parents[2]
 PRISTINE_033 = REPO / ".cache" / "vllm-0.33.0"
@@ -61,6 +61,10 @@ def test_the_oracle_pair_explains_itself_and_is_kept_for_serving(tmp_path):
     assert (saved / "draft" / "model.safetensors").is_file()
     assert f"vllm serve {target} --served-model-name tiny" in out
     assert f'"model": "{saved / "draft"}"' in out
+    assert not list(tmp_path.glob(".pair.partial-*"))
+    assert (
+        save_problem(saved) == f"{saved} already holds a saved pair; serve it, or name a new folder"
+    )
 
 
 def test_help_names_the_command_and_its_defaults():

@@ -129,10 +129,25 @@ def test_a_complete_pair_takes_the_name_only_when_written(tmp_path, run_demo, mo
     assert seen == [[f".pair{PARTIAL}{os.getpid()}", "pair"]]
     assert (target, draft) == (save / "target", save / "draft")
     assert left_behind(save) == ["draft", "target"] and left_behind(tmp_path) == ["pair"]
+    (save / "notes.txt").write_text("mine")
     code, lines = run_demo(save)
     assert (code, lines[-1]) == (
         2,
         f"python -m dspark_demo: error: --save {save}: the directory is not empty; name a new one",
+    )
+
+
+def test_a_pair_left_incomplete_in_place_is_named(tmp_path, run_demo):
+    """What an interrupted save of an earlier version (which wrote in place) left: a 0-byte
+    config.json and no draft."""
+    save = tmp_path / "pair"
+    (save / "target").mkdir(parents=True)
+    (save / "target" / "config.json").write_bytes(b"")
+    code, lines = run_demo(save)
+    assert (code, lines[-1]) == (
+        2,
+        f"python -m dspark_demo: error: --save {save} holds an incomplete pair, left by an "
+        f"interrupted --save; delete it (rm -r {save}) or name a new folder",
     )
 
 
