@@ -42,8 +42,8 @@ FLAG_COMPRESSED = 0x2000 | 0x8000
 
 _FATBIN_HEADER = struct.Struct("<IHHQ")
 # kind, unknown, header size, payload size, compressed size, unknown, minor, major, arch,
-# name offset, name length, flags
-_ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQ")
+# name offset, name length, flags, zero, size once decompressed
+_ENTRY_HEADER = struct.Struct("<HHIQIIHHIIIQQQ")
 
 
 class FatbinError(ValueError):
@@ -58,6 +58,7 @@ class Entry:
     arch: str
     compressed: bool
     size: int
+    """Bytes once decompressed."""
 
     @property
     def is_ptx(self) -> bool:
@@ -77,6 +78,11 @@ class Fatbin:
     def ptx(self) -> list[str]:
         return sorted({e.arch for e in self.entries if e.is_ptx}, key=arch_key)
 
+    @property
+    def ptx_bytes(self) -> int:
+        """What the driver compiles when it JIT-compiles this module's PTX (once decompressed)."""
+        return sum(e.size for e in self.entries if e.is_ptx)
+
 
 @dataclass
 class Listing:
@@ -94,22 +100,21 @@ class Listing:
     def ptx(self) -> list[str]:
         return sorted({a for f in self.fatbins for a in f.ptx}, key=arch_key)
 
-    @property
-    def ptx_bytes(self) -> int:
-        """The PTX's size as stored (compressed where the entry is)."""
-        return sum(e.size for f in self.fatbins for e in f.entries if e.is_ptx)
-
     def as_json(self) -> dict:
-        variants = Counter((tuple(f.sass), tuple(f.ptx)) for f in self.fatbins)
+        """The union, and the fat binaries grouped by what they carry (count, PTX bytes)."""
+        variants: dict[tuple, Counter] = {}
+        for f in self.fatbins:
+            group = variants.setdefault((tuple(f.sass), tuple(f.ptx)), Counter())
+            group["count"] += 1
+            group["ptx_bytes"] += f.ptx_bytes
         return {
             "sass": self.sass,
             "ptx": self.ptx,
             "fatbins": len(self.fatbins),
             "relocatable_fatbins": self.relocatable,
-            "ptx_bytes": self.ptx_bytes,
             "by_fatbin": [
-                {"sass": list(sass), "ptx": list(ptx), "count": count}
-                for (sass, ptx), count in sorted(variants.items())
+                {"sass": list(sass), "ptx": list(ptx), **group}
+                for (sass, ptx), group in sorted(variants.items())
             ],
         }
 
@@ -127,12 +132,10 @@ def elf_sections(data: bytes) -> dict[str, tuple[int, int]]:
     try:
         (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-        headers = [
-            struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)
-        ]
+        headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
         names = headers[shstrndx][4]
     except (struct.error, IndexError) as error:
-        raise FatbinError(f"the ELF section headers are cut short (a truncated file?): {error}") from error
+        raise FatbinError(f"ELF section headers cut short (a truncated file?): {error}") from error
     sections = {}
     for name, kind, _flags, _addr, offset, size in headers:
         label = data[names + name : data.find(b"\0", names + name)].decode("latin-1")
@@ -174,8 +177,14 @@ def entries(payload: memoryview, name: str, base: int) -> list[Entry]:
     while position < len(payload):
         if position + _ENTRY_HEADER.size > len(payload):
             raise FatbinError(f"{name}: an entry header cut short at offset {base + position}")
-        kind, _, header_size, size, _, _, _, _, number, _, _, flags = _ENTRY_HEADER.unpack_from(
-            payload, position
+        fields = _ENTRY_HEADER.unpack_from(payload, position)
+        kind, header_size, size, number, flags, decompressed = (
+            fields[0],
+            fields[2],
+            fields[3],
+            fields[8],
+            fields[11],
+            fields[13],
         )
         if kind not in (KIND_PTX, KIND_SASS) or header_size < _ENTRY_HEADER.size:
             raise FatbinError(
@@ -183,10 +192,12 @@ def entries(payload: memoryview, name: str, base: int) -> list[Entry]:
                 f"{header_size}, neither PTX (1) nor SASS (2)"
             )
         if position + header_size + size > len(payload):
-            raise FatbinError(f"{name}: the entry at offset {base + position} runs past its fat binary")
+            raise FatbinError(f"{name}: entry at offset {base + position} runs past its fat binary")
         suffix = "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else ""
         prefix = "compute" if kind == KIND_PTX else "sm"
-        found.append(Entry(kind, f"{prefix}_{number}{suffix}", bool(flags & FLAG_COMPRESSED), size))
+        compressed = bool(flags & FLAG_COMPRESSED)
+        unpacked = decompressed if compressed else size
+        found.append(Entry(kind, f"{prefix}_{number}{suffix}", compressed, unpacked))
         position += header_size + size
     return found
 
@@ -280,7 +291,9 @@ def coverage(listing: dict, device: tuple[int, int]) -> Counter:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.fatbin", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.fatbin", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("paths", nargs="+", type=Path, help="shared objects or wheels")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     options = parser.parse_args(argv)

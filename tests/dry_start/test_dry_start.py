@@ -81,6 +81,25 @@ def test_spark_decisions_on_gb10(dry_start):
     assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
     assert made[("draft", "proposer")] == "DSparkRingProposer"
     assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+    # The kernels, from the fat binaries of the arm64 image's wheel.
+    assert "aarch64" in made[("kernels", "read from")]
+    assert made[("kernels", "experts_cls MarlinExperts x89")].startswith("native: vllm/_moe_C")
+    fp8 = next(v for (s, n), v in made.items() if n.startswith("fp8_linear DeepGemm"))
+    assert fp8.startswith("DeepGEMM: compiled on the node")
+
+
+@pytest.mark.multiproc
+def test_flash_attention_2_is_jit_compiled_on_rtx_pro_6000(dry_start):
+    """FlashAttention 2 carries sm_80 code and compute_80 PTX only: on 12.0 the driver compiles
+    every attention kernel of the Qwen3 profile from PTX when first used."""
+    _, _, report = dry_start(
+        "--profile", "qwen3-8b-dspark-blackwell", "--device", "rtx-pro-6000", "--json"
+    )
+    made = decisions(report)
+    assert "x86_64" in made[("kernels", "read from")]
+    assert made[("kernels", "attention FLASH_ATTN (FA2) x41")].startswith(
+        "JIT from PTX at first use: vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so: 76 modules"
+    )
 
 
 @pytest.mark.multiproc

@@ -56,7 +56,7 @@ def test_a_host_library_carries_no_gpu_code():
             "claims 1099511627776 bytes",
         ),
         (lambda data, at: data[: at + 16] + b"\x07" + data[at + 17 :], "has kind 7"),
-        (lambda data, at: data[: len(data) // 2], "section headers are cut short"),
+        (lambda data, at: data[: len(data) // 2], "section headers cut short"),
     ],
     ids=["magic", "size", "entry-kind", "cut-file"],
 )
