@@ -448,6 +448,33 @@ def start_engine(report: Report, config, rank: int, device_memory, kernel_code=N
     except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
         report.warnings.append(f"the report stops short: {error}")
     check_kernel_code(report, config, core, kernel_code)
+    walk_warmup(report, config, core, on_node=device_memory is None)
+
+
+def walk_warmup(report: Report, config, core, on_node: bool) -> None:
+    """vLLM's warm-up and capture phase, each device step listed with what it needs; on the
+    node, what the image lacks for the compilers that must run stops the start."""
+    try:  # in the image, the project root is the working directory
+        from tools.dry_start import kernels, warmup
+    except ImportError as error:
+        report.warnings.append(f"warm-up not walked: {error}")
+        return
+    try:
+        steps = warmup.walk(core.model_executor.driver_worker.worker)
+    except Exception as error:  # a step this walk does not record: say where it stopped
+        traceback.print_exc(file=sys.stderr)
+        report.warnings.append(f"the warm-up walk stopped: {type(error).__name__}: {error}")
+        return
+    warmup.describe(report, steps)
+    if not on_node:
+        report.decide("warm-up", "needs", "checked in the image on each node (preflight)")
+        return
+    runner = core.model_executor.driver_worker.worker.model_runner
+    launched = {s.name for _, s in kernels.launched(config, runner) if isinstance(s, kernels.Jit)}
+    with step("warm-up"):
+        problems = list(warmup.missing_needs(steps, launched))
+        if problems:
+            raise warmup.MissingNeeds("; ".join(problems))
 
 
 def check_kernel_code(report: Report, config, core, kernel_code) -> None:
