@@ -68,6 +68,11 @@ def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
     )
     # The KV budget holds at least one request of max_model_len tokens.
     assert float(made[("kv cache", f"max concurrency at {max_model_len} tokens")]) >= 1.0
+    # The kernels were read from the image's wheel and vLLM's warm-up walked to its end.
+    stopped = ("kernel code not read", "kernel code not checked", "the warm-up walk stopped")
+    assert not [w for w in report["warnings"] if w.startswith(stopped)], report["warnings"]
+    assert any(s == "graphs" and n.startswith("capture ") for s, n in made), sorted(made)
+    assert made[("warm-up", "needs")] == "checked in the image on each node (preflight)"
 
 
 @pytest.mark.multiproc
@@ -86,6 +91,10 @@ def test_spark_decisions_on_gb10(dry_start):
     assert made[("kernels", "experts_cls MarlinExperts x89")].startswith("native: vllm/_moe_C")
     fp8 = next(v for (s, n), v in made.items() if n.startswith("fp8_linear DeepGemm"))
     assert fp8.startswith("DeepGEMM: compiled on the node")
+    # vLLM's kernel warm-up calls DeepGEMM's, and the model registered TileLang's mHC kernels.
+    jit = {n: v for (s, n), v in made.items() if s == "jit"}
+    assert any("deep_gemm_warmup" in n and "DeepGEMM JIT" in v for n, v in jit.items()), jit
+    assert any("MhcPostTileLangKernel" in n and "TileLang JIT" in v for n, v in jit.items()), jit
 
 
 @pytest.mark.multiproc

@@ -38,6 +38,7 @@ FLASHINFER = (
 )
 TRITON = "Triton JIT: its bundled ptxas and a host C compiler (cc); TRITON_CACHE_DIR"
 CUTE_DSL = "CuTe DSL JIT (in-process); CUTE_DSL_CACHE_DIR"
+TILELANG = "TileLang JIT; TILELANG_CACHE_DIR"
 INDUCTOR = "torch.compile: Inductor's Triton kernels (a host C compiler); TORCHINDUCTOR_CACHE_DIR"
 # Words in a warm-up function's name -> what it compiles with; first match wins.
 NEEDS_BY_NAME = (
@@ -46,6 +47,7 @@ NEEDS_BY_NAME = (
     ("b12x", FLASHINFER),
     ("attention", FLASHINFER),  # kernel_warmup's mixed-batch warm-up is FlashInfer's
     ("triton", TRITON),
+    ("tilelang", TILELANG),
     ("cutedsl", CUTE_DSL),
     ("router_gemm", CUTE_DSL),
     ("gemm_rs_ar", CUTE_DSL),
@@ -76,6 +78,7 @@ class Step:
 
 
 def needs_of(name: str) -> str:
+    name = name.lower()
     return next((needs for word, needs in NEEDS_BY_NAME if word in name), "")
 
 
@@ -129,7 +132,8 @@ def walk(worker) -> list[Step]:
         for kernel, registrations in kernels.items():
             name = getattr(kernel, "name", type(kernel).__name__)
             what = f"JIT kernel {name} ({len(registrations)} registrations)"
-            steps.append(Step("jit", what, needs_of(type(kernel).__module__)))
+            bases = " ".join(c.__name__ for c in type(kernel).__mro__)  # VllmTritonJitKernel, ...
+            steps.append(Step("jit", what, needs_of(bases)))
 
     def real_kernel_warmup(*args, **kwargs):
         with contextlib.ExitStack() as stack:
