@@ -27,7 +27,7 @@ from tools import fatbin
 
 REPO = Path(__file__).resolve().parents[2]
 # ptxas 13.0 on the shared 2-core CI box (load average about 8), compiling FlashAttention 2's
-# compute_80 PTX for sm_120: 11.4 MiB in 181 s (docs/kernel-code.md). The driver's JIT is the
+# compute_80 PTX for sm_120: 10.9 MiB in 181 s (docs/kernel-code.md). The driver's JIT is the
 # same compiler; a faster, idle host takes less.
 PTXAS_SECONDS_PER_MIB = 16.6
 MACHINES = {"linux/arm64": "aarch64", "linux/amd64": "x86_64"}
