@@ -15,7 +15,6 @@ DeepGEMM, FlashInfer, CuTe DSL, TileLang) is listed with what that needs (`warmu
 
 from __future__ import annotations
 
-import enum
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from tools import fatbin
+from tools.dry_start.engine import CHOICE_ATTRIBUTES, _name
 
 REPO = Path(__file__).resolve().parents[2]
 # ptxas 13.0 on the shared 2-core CI box (load average about 8), compiling FlashAttention 2's
@@ -95,9 +95,6 @@ BACKEND_WORDS: tuple[tuple[str, Library | Jit], ...] = (
     ("FLASHMLA", FLASHMLA),
     ("CUTLASS_MLA", CORE),
 )
-# Where vLLM's quantisation methods keep the kernel or backend they chose.
-CHOICE_ATTRIBUTES = ("mxfp4_backend", "nvfp4_backend", "fp8_backend", "experts_cls", "fp8_linear")
-
 NATIVE = "native"
 PTX_JIT = "JIT from PTX at first use"
 NO_CODE = "no code: will fail"
@@ -154,10 +151,6 @@ def installed() -> KernelCode:
             }
             return KernelCode(f"{name} {dist.version} as installed", listing)
     return KernelCode("no vLLM shared objects installed", {})
-
-
-def _name(obj) -> str:
-    return obj.name if isinstance(obj, enum.Enum) else getattr(obj, "__name__", type(obj).__name__)
 
 
 def by_words(text: str, table) -> Library | Jit | None:
