@@ -14,7 +14,7 @@ import pytest
 
 from tools import fatbin
 from tools.dry_start import kernels
-from tools.dry_start.engine import Report
+from tools.dry_start.engine import Refused, Report, refusal
 
 REPO = Path(__file__).resolve().parents[2]
 WHEELS = REPO / ".cache" / "wheels"
@@ -82,3 +82,10 @@ def test_the_listing_is_the_readers(x86_64):
     member = "vllm/_qutlass_C.abi3.so"
     wheel = next(WHEELS.glob("vllm-0.33.0-*_x86_64.whl"))
     assert fatbin.read_wheel(wheel, [member])[member].as_json() == x86_64.listing[member]
+
+
+def test_the_refusal_is_one_line_with_the_fix():
+    error = kernels.NoKernelCode("no GPU code for sm_121 in the image for attention X (...)")
+    found = refusal(Refused("kernels", error))
+    assert (found.step, found.fix) == ("kernels", kernels.NoKernelCode.fix)
+    assert "\n" not in found.message

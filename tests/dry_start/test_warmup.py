@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tools.dry_start import warmup
+from tools.dry_start.engine import Refused, refusal
 
 STEPS = [warmup.Step("graphs", "capture 5 target FULL graphs", warmup.INDUCTOR)]
 
@@ -52,3 +53,8 @@ def test_an_unwritable_jit_cache(tmp_path):
     (problem,) = warmup.missing_needs([], set(), env)
     assert problem.startswith(f"DG_JIT_CACHE_DIR={blocker / 'deep-gemm'} is not writable")
     assert list(warmup.missing_needs([], set(), {**env, "DG_JIT_CACHE_DIR": str(tmp_path)})) == []
+
+
+def test_a_missing_need_is_refused_with_the_fix():
+    found = refusal(Refused("warm-up", warmup.MissingNeeds("DeepGEMM ... finds no nvcc")))
+    assert (found.step, found.fix) == ("warm-up", warmup.MissingNeeds.fix)

@@ -224,7 +224,7 @@ class MissingNeeds(RuntimeError):
     """The image lacks what a warm-up, JIT or capture step needs."""
 
     fix = (
-        "give the image what the step needs (docs/dry-start.md, 'After the model is built'), "
+        "give the image what the step needs (docs/kernel-code.md, 'After the model is built'), "
         "or choose backends that need no compiler at start"
     )
 
