@@ -14,9 +14,9 @@ lists (TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST) cover every target; the 
 a CUDA build whose RECORD lists its core and MoE extensions (by role: `_C*`, `_moe_C*`); and
 torch and each of those extensions carry machine code or PTX for each target, and FlashInfer
 machine code, nvcc to JIT-compile or flashinfer-cubin (`tools/gpu_selftest/architectures.py`:
-torch's compiled arch flags, the fat binaries of the `.so` files read by `tools/fatbin.py`). `--listing-json` replaces vLLM's RECORD and the binaries'
-listing: the CPU stand-in build, whose vLLM is the CPU build, passes one made from the vLLM
-0.33.0 wheel's RECORD (tests/docker).
+torch's compiled arch flags, the fat binaries of the `.so` files read by `tools/fatbin.py`).
+`--listing-json` replaces vLLM's RECORD and the binaries' listing: the CPU stand-in build, whose
+vLLM is the CPU build, passes one made from the vLLM 0.33.0 wheel's RECORD (tests/docker).
 """
 
 import argparse
