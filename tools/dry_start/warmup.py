@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+from tools.gpu_selftest.architectures import find_nvcc
+
 NVCC = "a CUDA compiler (nvcc in PATH or CUDA_HOME)"
 DEEP_GEMM = f"DeepGEMM JIT: {NVCC}, or NVRTC with DG_JIT_USE_NVRTC=1; DG_JIT_CACHE_DIR"
 FLASHINFER = (
@@ -176,14 +178,6 @@ def walk(worker) -> list[Step]:
         )
         type(worker).__mro__[1].compile_or_warm_up_model(worker)  # vLLM's, not the dry one's
     return steps
-
-
-def find_nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if not found and home and (Path(home) / "bin" / "nvcc").is_file():
-            found = str(Path(home) / "bin" / "nvcc")
-    return found
 
 
 def writable(directory: str) -> bool:
