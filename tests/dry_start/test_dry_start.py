@@ -68,6 +68,11 @@ def test_shipped_profile_starts_on_its_device(dry_start, profile, device):
     )
     # The KV budget holds at least one request of max_model_len tokens.
     assert float(made[("kv cache", f"max concurrency at {max_model_len} tokens")]) >= 1.0
+    # The kernels were read from the image's wheel and vLLM's warm-up walked to its end.
+    stopped = ("kernel code not read", "kernel code not checked", "the warm-up walk stopped")
+    assert not [w for w in report["warnings"] if w.startswith(stopped)], report["warnings"]
+    assert any(s == "graphs" and n.startswith("capture ") for s, n in made), sorted(made)
+    assert made[("warm-up", "needs")] == "checked in the image on each node (preflight)"
 
 
 @pytest.mark.multiproc
@@ -81,6 +86,29 @@ def test_spark_decisions_on_gb10(dry_start):
     assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
     assert made[("draft", "proposer")] == "DSparkRingProposer"
     assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+    # The kernels, from the fat binaries of the arm64 image's wheel.
+    assert "aarch64" in made[("kernels", "read from")]
+    assert made[("kernels", "experts_cls MarlinExperts x89")].startswith("native: vllm/_moe_C")
+    fp8 = next(v for (s, n), v in made.items() if n.startswith("fp8_linear DeepGemm"))
+    assert fp8.startswith("DeepGEMM: compiled on the node")
+    # vLLM's kernel warm-up calls DeepGEMM's, and the model registered TileLang's mHC kernels.
+    jit = {n: v for (s, n), v in made.items() if s == "jit"}
+    assert any("deep_gemm_warmup" in n and "DeepGEMM JIT" in v for n, v in jit.items()), jit
+    assert any("MhcPostTileLangKernel" in n and "TileLang JIT" in v for n, v in jit.items()), jit
+
+
+@pytest.mark.multiproc
+def test_flash_attention_2_is_jit_compiled_on_rtx_pro_6000(dry_start):
+    """FlashAttention 2 carries sm_80 code and compute_80 PTX only: on 12.0 the driver compiles
+    every attention kernel of the Qwen3 profile from PTX when first used."""
+    _, _, report = dry_start(
+        "--profile", "qwen3-8b-dspark-blackwell", "--device", "rtx-pro-6000", "--json"
+    )
+    made = decisions(report)
+    assert "x86_64" in made[("kernels", "read from")]
+    assert made[("kernels", "attention FLASH_ATTN (FA2) x41")].startswith(
+        "JIT from PTX at first use: vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so: 76 modules"
+    )
 
 
 @pytest.mark.multiproc

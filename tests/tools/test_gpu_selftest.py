@@ -20,7 +20,7 @@ import pytest
 from installer.vllm_tree import locate
 from tools.gpu_selftest import __main__ as selftest
 from tools.gpu_selftest import engines, rms_norm
-from tools.gpu_selftest.architectures import arch_verdict, parse_cuobjdump
+from tools.gpu_selftest.architectures import arch_verdict, architecture_problems
 from tools.gpu_selftest.graph_events import GraphEvents
 from tools.gpu_selftest.report import FAILED, PASSED, SKIPPED, Check, Outcome
 from tools.gpu_selftest.ring import check_ring
@@ -319,15 +319,21 @@ def test_arch_verdicts_follow_cudas_compatibility_rules(sass, ptx, device, verdi
     assert arch_verdict(sass, ptx, device) == verdict
 
 
-def test_cuobjdump_listings_are_parsed():
-    elf = (
-        "ELF file    1: fmha_sm90_kernel.1.sm_90a.cubin\n"
-        "ELF file    2: _C.2.sm_120.cubin\n"
-        "ELF file    3: _C.3.sm_100f.cubin\n"
-    )
-    assert parse_cuobjdump(elf) == ["sm_100f", "sm_120", "sm_90a"]
-    assert parse_cuobjdump("PTX file    1: _C.1.sm_90.ptx\n") == ["sm_90"]
-    assert parse_cuobjdump("cuobjdump info    : File '_C.so' has no CUDA code\n") == []
+def test_flashinfer_without_code_jit_or_cubins_fails_the_architecture_check():
+    """flashinfer-python ships no GPU code: FlashInfer passes with machine code for the device,
+    nvcc to JIT-compile it or flashinfer-cubin, and fails with none of these (the control)."""
+    torch = {"sass": ["sm_121a"], "ptx": []}
+    bare = {"torch": torch, "flashinfer": {"sass": [], "ptx": [], "jit": None, "cubins": None}}
+    verdicts, missing = architecture_problems(bare, (12, 1), {})
+    assert verdicts["flashinfer"] == "none" and missing[0].startswith("flashinfer (")
+    for key, verdict in (("jit", "jit"), ("cubins", "cubins")):
+        given = {**bare, "flashinfer": {**bare["flashinfer"], key: "/somewhere"}}
+        assert architecture_problems(given, (12, 1), {}) == (
+            {"torch": "sass", "flashinfer": verdict},
+            [],
+        )
+    shipped = {**bare, "flashinfer_jit_cache/a.so": {"sass": ["sm_120f"], "ptx": []}}
+    assert architecture_problems(shipped, (12, 1), {})[0]["flashinfer"] == "sass"
 
 
 def test_the_architecture_check_refuses_vllms_cpu_build_by_name():
@@ -338,8 +344,9 @@ def test_the_architecture_check_refuses_vllms_cpu_build_by_name():
 
 
 def test_nothing_cuda_only_is_imported_at_module_level():
-    """Every module of the package imports only the standard library and the package itself at
-    its top, so a host without CUDA (or without vLLM) can load it."""
+    """Every module of the package imports only the standard library, the package itself and the
+    fat binary reader (standard library only) at its top, so a host without CUDA (or without
+    vLLM) can load it."""
     for path in sorted(PACKAGE.glob("*.py")):
         tree = ast.parse(path.read_text())
         top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
@@ -353,6 +360,7 @@ def test_nothing_cuda_only_is_imported_at_module_level():
             for module in modules
             if module.split(".")[0] not in sys.stdlib_module_names | {"__future__"}
             and not module.startswith("tools.gpu_selftest")
+            and module not in ("tools", "tools.fatbin")
         }
         assert not foreign, (path.name, foreign)
 

@@ -33,7 +33,7 @@ from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
 from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
 from dspark_launch.render import serve_args  # noqa: E402
 from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
-from tools.dry_start import checkpoints, engine, environment, table  # noqa: E402
+from tools.dry_start import checkpoints, engine, environment, kernels, table  # noqa: E402
 from tools.dry_start.engine import finish  # noqa: E402
 
 
@@ -152,7 +152,13 @@ def main(argv: list[str]) -> int:
 
         def start() -> engine.Report:
             engine.install_platform(table.install(device, wheel))
-            return engine.run(args, options.rank, lambda: (device.memory_bytes,) * 2)
+            version = wheel.name.split("-")[1]
+            return engine.run(
+                args,
+                options.rank,
+                lambda: (device.memory_bytes,) * 2,
+                lambda: kernels.image_wheel(device.capability, version, WHEELS),
+            )
 
         return engine.report_and_exit(start, options.json)
 

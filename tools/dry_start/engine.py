@@ -459,9 +459,10 @@ def install_platform(base: type | None = None) -> None:
     vllm.platforms.current_platform = DryStartPlatform()
 
 
-def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
+def run(serve_args: list[str], rank: int, device_memory=None, kernel_code=None) -> Report:
     """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
-    `install_platform` first."""
+    `install_platform` first. `kernel_code` gives the fat binaries of the vLLM the node runs
+    (default: the installed one's, `kernels.installed`)."""
     report = Report(rank)
     from vllm.model_executor.models import registry
 
@@ -480,7 +481,7 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
         with step("arguments"):
             check_rank(rank, config.parallel_config.world_size)
         describe_config(report, config)
-        start_engine(report, config, rank, device_memory)
+        start_engine(report, config, rank, device_memory, kernel_code)
         if report.not_run is None:  # the sizes below are the runner's final ones
             with step("graphs"):
                 check_widest_decode_batch(config, warning_log.messages)
@@ -501,7 +502,7 @@ def check_rank(rank: int, world_size: int) -> None:
         )
 
 
-def start_engine(report: Report, config, rank: int, device_memory) -> None:
+def start_engine(report: Report, config, rank: int, device_memory, kernel_code=None) -> None:
     """vLLM's engine core for `config`, this rank's worker in it."""
     from vllm.triton_utils import HAS_TRITON
     from vllm.v1.engine.core import EngineCore
@@ -522,6 +523,51 @@ def start_engine(report: Report, config, rank: int, device_memory) -> None:
         describe_engine(report, config, core)
     except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
         report.warnings.append(f"the report stops short: {error}")
+    check_kernel_code(report, config, core, kernel_code)
+    walk_warmup(report, config, core, on_node=device_memory is None)
+
+
+def walk_warmup(report: Report, config, core, on_node: bool) -> None:
+    """vLLM's warm-up and capture phase, each device step listed with what it needs; on the
+    node, what the image lacks for the compilers that must run stops the start."""
+    try:  # in the image, the project root is the working directory
+        from tools.dry_start import kernels, warmup
+    except ImportError as error:
+        report.warnings.append(f"warm-up not walked: {error}")
+        return
+    try:
+        steps = warmup.walk(core.model_executor.driver_worker.worker)
+    except Exception as error:  # a step this walk does not record: say where it stopped
+        traceback.print_exc(file=sys.stderr)
+        report.warnings.append(f"the warm-up walk stopped: {type(error).__name__}: {error}")
+        return
+    warmup.describe(report, steps)
+    if not on_node:
+        report.decide("warm-up", "needs", "checked in the image on each node (preflight)")
+        return
+    runner = core.model_executor.driver_worker.worker.model_runner
+    launched = {s.name for _, s in kernels.launched(config, runner) if isinstance(s, kernels.Jit)}
+    with step("warm-up"):
+        problems = list(warmup.missing_needs(steps, launched))
+        if problems:
+            raise warmup.MissingNeeds("; ".join(problems))
+
+
+def check_kernel_code(report: Report, config, core, kernel_code) -> None:
+    """The kernel libraries the built model launches, against the code the image carries."""
+    from vllm.platforms import current_platform
+
+    try:  # in the image, the project root is the working directory
+        from tools.dry_start import kernels
+    except ImportError as error:
+        report.warnings.append(f"kernel code not checked: {error}")
+        return
+    runner = core.model_executor.driver_worker.worker.model_runner
+    capability = current_platform.get_device_capability()
+    device = (capability.major, capability.minor)
+    with step("kernels"):
+        uses = list(kernels.launched(config, runner))
+        kernels.describe_kernels(report, uses, device, (kernel_code or kernels.installed)())
 
 
 def describe_config(report: Report, config) -> None:

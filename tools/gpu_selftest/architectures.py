@@ -5,67 +5,32 @@ image's targets) can run them.
 
 torch's compiled arch flags are read from torch; vLLM's compiled extensions are found by role in
 the installed vLLM's `RECORD` (its core and MoE extensions, whatever a release names them) and
-listed with `cuobjdump --list-elf/--list-ptx`, as are FlashInfer's. Each binary gets a verdict per
-architecture: "sass" (runs natively), "ptx-jit" (runs after a JIT compile at first use) or "none"
-(no kernel image: it fails at the first launch). `docker/verify_install.py --architectures` runs
-the same rules at image build time.
+their fat binaries read by `tools/fatbin.py` (no cuobjdump), as are those of FlashInfer's
+shared objects where a package ships some. Each binary gets a verdict per architecture: "sass"
+(runs natively), "ptx-jit" (runs after a JIT compile at first use) or "none" (no kernel image:
+it fails at the first launch). flashinfer-python itself ships no GPU code: without FlashInfer
+machine code for the device, it needs nvcc to JIT-compile its kernels (`jit`) or the
+flashinfer-cubin package (`cubins`), else "none". `docker/verify_install.py --architectures`
+runs the same rules at image build time.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from tools import fatbin
+from tools.fatbin import arch_verdict, code_runs_on, parse_arch, ptx_runs_on
 from tools.gpu_selftest.report import FAILED, PASSED, Outcome
-
-_ARCH = re.compile(r"\b(sm|compute)_(\d+)([af]?)\b")
-
-
-def parse_arch(text: str) -> tuple[int, int, str] | None:
-    """`sm_121a` -> (12, 1, "a"); `compute_90` -> (9, 0, ""); anything else -> None."""
-    match = _ARCH.search(text)
-    if not match:
-        return None
-    number = int(match[2])
-    return number // 10, number % 10, match[3]
 
 
 def format_arch(device: tuple[int, int]) -> str:
     return f"sm_{device[0]}{device[1]}"
-
-
-def code_runs_on(code: tuple[int, int, str], device: tuple[int, int]) -> bool:
-    """Whether code built for `code` loads on a device of compute capability `device`.
-
-    CUDA's rules: plain code for X.y runs on X.z with z >= y (PTX: on any later device, after
-    a JIT compile); `a` (architecture-specific) code only on exactly X.y; `f` (family) code on
-    X.z with z >= y.
-    """
-    major, minor, suffix = code
-    if suffix == "a":
-        return (major, minor) == device
-    return major == device[0] and minor <= device[1]
-
-
-def ptx_runs_on(code: tuple[int, int, str], device: tuple[int, int]) -> bool:
-    major, minor, suffix = code
-    if suffix:
-        return code_runs_on(code, device)
-    return (major, minor) <= device
-
-
-def arch_verdict(sass: list[str], ptx: list[str], device: tuple[int, int]) -> str:
-    """ "sass", "ptx-jit" or "none" for a binary's listings on `device`."""
-    if any((c := parse_arch(a)) and code_runs_on(c, device) for a in sass):
-        return "sass"
-    if any((c := parse_arch(a)) and ptx_runs_on(c, device) for a in ptx):
-        return "ptx-jit"
-    return "none"
 
 
 def jit_list_problems(name: str, value: str, targets: list[tuple[int, int]]) -> list[str]:
@@ -175,101 +140,108 @@ def extension_problems(build: VllmBuild) -> tuple[dict[str, list[str]], list[str
 
 # --- binaries' listings ------------------------------------------------------------------------
 
-_LISTED = re.compile(r"\.(sm|compute)_(\d+[af]?)\.(?:cubin|ptx)\s*$", re.MULTILINE)
 
-
-def parse_cuobjdump(text: str) -> list[str]:
-    """Architectures named by `cuobjdump --list-elf`/`--list-ptx` lines such as
-    `ELF file    1: _C.1.sm_120a.cubin` or `PTX file    1: _C.1.sm_90.ptx`."""
-    return sorted({f"sm_{m[2]}" for m in _LISTED.finditer(text)})
-
-
-def cuobjdump_listing(cuobjdump: str, path: Path) -> tuple[list[str], list[str]]:
-    """(SASS archs, PTX archs) embedded in one shared object."""
-    sass, ptx = (
-        parse_cuobjdump(
-            subprocess.run(
-                [cuobjdump, option, str(path)], capture_output=True, text=True, check=False
-            ).stdout
-        )
-        for option in ("--list-elf", "--list-ptx")
-    )
-    return sass, [a.replace("sm_", "compute_") for a in ptx]
-
-
-def find_cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
+def find_nvcc() -> str | None:
+    """The CUDA compiler FlashInfer's JIT would use (PATH, then CUDA_HOME, then /usr/local/cuda)."""
+    found = shutil.which("nvcc")
     if found:
         return found
     for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home and (candidate := Path(home) / "bin" / "cuobjdump").is_file():
+        if home and (candidate := Path(home) / "bin" / "nvcc").is_file():
             return str(candidate)
     return None
 
 
-def shared_objects(build: VllmBuild) -> dict[str, Path]:
-    """vLLM's shared objects as its RECORD names them, and FlashInfer's where installed."""
-    import importlib.util
+def package_root(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
 
+
+def shared_objects(build: VllmBuild) -> dict[str, Path]:
+    """vLLM's shared objects as its RECORD names them, and FlashInfer's (flashinfer, and its
+    ahead-of-time kernels in flashinfer_jit_cache) where installed."""
     assert build.root is not None
     binaries = {p: build.root / p for p in build.files if p.endswith(".so")}
-    spec = importlib.util.find_spec("flashinfer")
-    if spec is not None and spec.origin is not None:
-        root = Path(spec.origin).parent
-        for path in sorted(root.glob("**/*.so")):
-            binaries[f"flashinfer/{path.relative_to(root)}"] = path
+    for package in ("flashinfer", "flashinfer_jit_cache"):
+        root = package_root(package)
+        for path in sorted(root.glob("**/*.so")) if root else ():
+            binaries[f"{package}/{path.relative_to(root)}"] = path
     return binaries
 
 
-def collect_listing(build: VllmBuild) -> dict[str, dict[str, list[str]]]:
+def flashinfer_entry() -> dict[str, list[str] | str | None] | None:
+    """How FlashInfer gets kernels on this install, None without FlashInfer: "jit" (nvcc, where
+    it compiles) and "cubins" (the flashinfer-cubin package's directory)."""
+    if package_root("flashinfer") is None:
+        return None
+    cubins = package_root("flashinfer_cubin")
+    return {"sass": [], "ptx": [], "jit": find_nvcc(), "cubins": str(cubins) if cubins else None}
+
+
+def collect_listing(build: VllmBuild) -> dict[str, dict]:
     """{binary: {"sass": [...], "ptx": [...]}} of what this install carries.
 
     torch: the architectures it was compiled for (`_cuda_getArchFlags`, no device needed);
-    vLLM and FlashInfer: each shared object through cuobjdump (absent -> not listed).
+    vLLM's and FlashInfer's shared objects: their fat binaries; "flashinfer": how FlashInfer
+    compiles or loads what it does not ship (`flashinfer_entry`).
     """
     import torch
 
-    listing: dict[str, dict[str, list[str]]] = {}
+    listing: dict[str, dict] = {}
     flags = torch._C._cuda_getArchFlags() if hasattr(torch._C, "_cuda_getArchFlags") else ""
     archs = (flags or "").split()
     listing["torch"] = {
         "sass": [a for a in archs if a.startswith("sm_")],
         "ptx": [a for a in archs if a.startswith("compute_")],
     }
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        return listing
     for name, path in shared_objects(build).items():
-        sass, ptx = cuobjdump_listing(cuobjdump, path)
-        if sass or ptx:
-            listing[name] = {"sass": sass, "ptx": ptx}
+        code = fatbin.read(path.read_bytes())
+        listing[name] = {"sass": code.sass, "ptx": code.ptx}
+    if (entry := flashinfer_entry()) is not None:
+        listing["flashinfer"] = entry
     return listing
 
 
+def flashinfer_verdict(listing: dict[str, dict], device: tuple[int, int]) -> str | None:
+    """FlashInfer's verdict: its shared objects' best, else "jit" with nvcc, else "cubins"
+    with flashinfer-cubin, else "none"; None when FlashInfer is not installed."""
+    names = [n for n in listing if n.split("/")[0] in ("flashinfer", "flashinfer_jit_cache")]
+    if not names:
+        return None
+    found = {arch_verdict(listing[n]["sass"], listing[n]["ptx"], device) for n in names}
+    if fatbin.NATIVE in found:
+        return fatbin.NATIVE
+    entry = listing.get("flashinfer", {})
+    if entry.get("jit"):
+        return "jit"
+    if entry.get("cubins"):
+        return "cubins"
+    return fatbin.PTX_JIT if fatbin.PTX_JIT in found else fatbin.NONE
+
+
 def architecture_problems(
-    listing: dict[str, dict[str, list[str]]],
-    device: tuple[int, int],
-    roles: dict[str, list[str]],
-    require_listed: bool,
+    listing: dict[str, dict], device: tuple[int, int], roles: dict[str, list[str]]
 ) -> tuple[dict[str, str], list[str]]:
     """Each binary's verdict on `device`, and what carries no code for it: torch, every
-    extension of a vLLM role, FlashInfer as a whole. With `require_listed` (the image build, or
-    a host with cuobjdump), an extension of a role must be in the listing at all: absent means
-    it holds no CUDA code. Other binaries are reported, not required."""
+    extension of a vLLM role (one missing from the listing holds no CUDA code), FlashInfer.
+    Other binaries are reported, not required."""
     verdicts = {
         name: arch_verdict(entry.get("sass", []), entry.get("ptx", []), device)
         for name, entry in listing.items()
     }
     missing = ["torch"] if verdicts.get("torch", "none") == "none" else []
     for role, paths in roles.items():
-        for path in paths:
-            if path not in verdicts and require_listed:
-                missing.append(f"{path} ({role}; not listed: no cuobjdump, or no CUDA code in it)")
-            elif verdicts.get(path) == "none":
-                missing.append(f"{path} ({role})")
-    flashinfer = [v for n, v in verdicts.items() if n.startswith("flashinfer/")]
-    if flashinfer and all(v == "none" for v in flashinfer):
-        missing.append("flashinfer (every binary)")
+        missing += [f"{path} ({role})" for path in paths if verdicts.get(path, "none") == "none"]
+    flashinfer = flashinfer_verdict(listing, device)
+    if flashinfer is not None:
+        verdicts["flashinfer"] = flashinfer
+        if flashinfer == fatbin.NONE:
+            missing.append(
+                "flashinfer (flashinfer-python ships no GPU code: no FlashInfer binary here "
+                "carries any for it, no nvcc to JIT-compile it, no flashinfer-cubin)"
+            )
     return verdicts, missing
 
 
@@ -309,14 +281,11 @@ def check_architectures(args: argparse.Namespace) -> Outcome:
     facts: dict = {"device": arch, "vllm": f"{build.name} {build.version}", "roles": roles}
     if problems:
         return Outcome(FAILED, "; ".join(problems), facts)
-    cuobjdump = find_cuobjdump()
     listing = collect_listing(build)
-    verdicts, missing = architecture_problems(listing, device, roles, cuobjdump is not None)
+    verdicts, missing = architecture_problems(listing, device, roles)
     facts |= {"verdicts": verdicts, "listing": listing}
-    if cuobjdump is None:
-        facts["note"] = "cuobjdump not found: vLLM and FlashInfer binaries not listed"
     if missing:
         return Outcome(FAILED, f"no machine code or PTX for {arch} in {', '.join(missing)}", facts)
-    required = ["torch", *(path for paths in roles.values() for path in paths)]
-    summary = ", ".join(f"{name}: {verdicts.get(name, 'not listed')}" for name in required)
+    required = ["torch", *(path for paths in roles.values() for path in paths), "flashinfer"]
+    summary = ", ".join(f"{name}: {verdicts[name]}" for name in required if name in verdicts)
     return Outcome(PASSED, f"{arch}: {summary}", facts)
