@@ -6,8 +6,8 @@ vLLM 0.33.0's CPU worker builds MRV2 (``vllm/v1/worker/cpu/model_runner.py``) an
 streams, events and pinned memory (``vllm/v1/worker/cpu/shm.py``); what it lacks on stock Triton
 is answered here by three stand-ins, each applied as the vLLM module it answers is imported, so
 vLLM's files stay as installed. Correctness only: the interpreter takes 0.1-0.25 s a step on
-tiny models. ``install()`` must run before vLLM is imported, in every process that builds a
-model runner (the engine core too, when it is a separate process: ``pth_line()``).
+tiny models. ``install()`` must run before vLLM is imported, in the process that builds the
+model runner: an in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) is what ran here.
 """
 
 from __future__ import annotations
@@ -128,12 +128,3 @@ def install() -> None:
     os.environ.update(ENV)
     if not any(isinstance(finder, _StandInFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _StandInFinder())
-
-
-def pth_line() -> str:
-    """A ``.pth`` line for site-packages that installs the host in every process of that Python
-    started with ``DSPARK_CPU_MRV2=1``, engine-core and worker processes included."""
-    return (
-        "import os; os.environ.get('DSPARK_CPU_MRV2') == '1'"
-        " and __import__('dspark_demo.cpu_mrv2', fromlist=['install']).install()\n"
-    )

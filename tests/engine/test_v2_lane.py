@@ -74,15 +74,19 @@ def v2_engines(family: str, models) -> list[dict[str, Any]]:
 
 
 class V2Lane:
-    """The runner's subprocess, started at once; ``report()`` waits for it."""
+    """The runner's subprocess, started at once; ``report`` waits for it (and leaves it beside
+    the plan, for a reader of a failure)."""
 
     def __init__(self, plan: Path) -> None:
+        self._plan = plan
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self._process = start_probe([sys.executable, str(RUNNER), str(plan)], env, REPO)
 
     @functools.cached_property
     def report(self) -> dict[str, Any]:
-        return probe_report(self._process)
+        report = probe_report(self._process)
+        self._plan.with_name("report.json").write_text(json.dumps(report))
+        return report
 
     def engines(self, family: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """That family's bigram and oracle engines."""
