@@ -179,15 +179,17 @@ class TinyEngine:
         prompts: list[str] | list[list[int]],
         max_tokens: list[int] | int,
         temperature: float = 0.0,
+        **sampling: Any,
     ) -> EngineRun:
-        """All prompts submitted at once (strings or token-id lists)."""
+        """All prompts submitted at once (strings or token-id lists); ``sampling`` is further
+        ``SamplingParams`` fields (``ignore_eos`` defaults to True)."""
         from vllm import SamplingParams
 
         if isinstance(max_tokens, int):
             max_tokens = [max_tokens] * len(prompts)
+        fields = {"seed": 0, "ignore_eos": True, **sampling}
         params = [
-            SamplingParams(temperature=temperature, seed=0, max_tokens=n, ignore_eos=True)
-            for n in max_tokens
+            SamplingParams(temperature=temperature, max_tokens=n, **fields) for n in max_tokens
         ]
         inputs = [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
         self._steps, self._forward_rows = [], []

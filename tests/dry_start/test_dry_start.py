@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tools.dry_start.engine import Refused, refusal
+from tools.dry_start.engine import Refused, Report, refusal
 from tools.dry_start.table import DEVICES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -119,6 +119,14 @@ def test_the_v2_lane_runs_vllms_config_rules(dry_start):
     assert rc == 0 and report["ok"], report["refusal"]
     assert decisions(report)[("config", "model runner")] == "V2"
     assert "V2 model runner needs Triton" in report["not_run"]
+
+
+def test_a_report_that_stopped_short_says_so_not_ok():
+    """Control: the same report without ``not_run`` ends in ``ok``."""
+    report = Report(1, not_run="the V2 model runner needs Triton")
+    assert list(report.lines())[-1].startswith("stopped: rank 1 ")
+    report.not_run = None
+    assert list(report.lines())[-1].startswith("ok: rank 1 ")
 
 
 def bad_profile(tmp_path: Path, name: str, **changes) -> Path:

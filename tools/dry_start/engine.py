@@ -128,6 +128,8 @@ class Report:
                 f"REFUSED at {refusal.step}: {refusal.message} (profile: {refusal.cause}; "
                 f"fix: {refusal.fix})"
             )
+        elif self.not_run:
+            yield f"stopped: rank {self.rank} passed every step above; what did not run is above"
         else:
             yield f"ok: rank {self.rank} starts as far as it goes without a device"
 
@@ -509,8 +511,10 @@ def start_engine(report: Report, config, rank: int, device_memory, kernel_code=N
 
     if config.use_v2_model_runner and not HAS_TRITON:  # vLLM's own condition for V2
         report.not_run = (
-            "the V2 model runner needs Triton with a CUDA driver; vLLM accepted the config, "
-            "the node's dry start (preflight) runs the rest"
+            "the V2 model runner needs Triton with a CUDA driver, and vllm/triton_utils/"
+            "importing.py found none here (HAS_TRITON is False), so its start-up (runner, "
+            "upstream's DSpark speculator, KV cache, graph plan) stops after the config; the "
+            "node's dry start (preflight) runs the rest"
         )
         return
     classes = vllm_classes(rank, device_memory)
