@@ -2,31 +2,40 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What one draft step costs, counted instead of timed: the same numbers on every run.
 
-    .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4] [--families paged ring]
-        [--draft-sample-method probabilistic]
+    .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4 32] [--padded 3]
+        [--families paged ring] [--draft-sample-method greedy probabilistic]
+        [--confidence on off] [--json PATH]
 
-For each proposer (DSpark paged and upstream DFlash on the tiny Qwen3 target, both drafts with
-the same backbone weights; DSpark ring on the tiny DeepSeek-V4 target), k and batch, one
-``propose()`` in steady state (every request of the batch decoding, the 3rd draft step) is run
-under a torch dispatch mode that counts, per dispatched op:
+Launches are counted on tiny engines, where only the number of ops matters; FLOPs, bytes and a
+modelled time come from the real sizes of the shipped drafts (``draft_step_model``).
 
-  * ops: the ops that launch work (view ops, allocations and no-ops are left out): what eager
-    mode launches on a GPU, one kernel per op, give or take a fused or split one;
-  * FLOPs: torch's FLOP formulas (``torch.utils.flop_counter``) for its matmul and attention
-    ops, plus 2 M K N for vLLM's CPU GEMM (``_C.onednn_mm``); vLLM's own attention ops are
-    not counted (their cost is the same for both paged proposers at equal k and batch);
-  * bytes: every op's tensor inputs and outputs, split into weights (the draft's and the
-    target's parameters, and each GEMM's weight read) and activations, what the ops would move
-    if nothing were fused (an upper bound of memory traffic); gathers and scatters count the
-    rows they touch, in-place ops their tensor once, and the paged KV cache is left out.
+For each proposer (DSpark paged, a block-7 draft with its confidence head, scheduling off and
+on, and upstream DFlash, on the tiny Qwen3 target with the same backbone weights; DSpark ring on
+the tiny DeepSeek-V4 target, its shipped block of 5), k, sampling and batch, one ``propose()``
+in steady state (every request of the batch decoding, the 3rd draft step) is run under a torch
+dispatch mode that counts, per dispatched op:
+
+  * ops: the ops that launch work (view ops, allocations and no-ops are left out);
+  * launches: the kernels a GPU runs for them: each call of a vLLM ``CustomOp`` (RMSNorm, its
+    fused residual add, SiluAndMul, rotary embedding, ...) is one launch, as vLLM's C kernel or
+    the one kernel Inductor fuses its native code into (the draft is compiled on CUDA), however
+    many aten ops it dispatches here; every other op is one launch;
+  * FLOPs and bytes of the tiny models (torch's FLOP formulas plus vLLM's CPU GEMM; every op's
+    tensor inputs and outputs), printed for reference only.
 
 Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly around it.
 DSpark's proposers plan, capture and replay their FULL graphs as on CUDA, each graph replaced
 by its own function (``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies
 into the graphs' fixed inputs and out of their outputs as eager. The paged draft model's
 forward (DFlash and DSpark) counts as graph, as upstream's piecewise graphs replay it, except
-vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). DSpark / DFlash ratios
-are printed for the paged family at equal k and batch.
+vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
+``--batch``; a ``--padded`` batch replays the next larger one.
+
+DSpark is compared with its baseline at equal k, batch and sampling: upstream DFlash for the
+paged family; for the ring family (vLLM has no DFlash of DeepSeek-V4) its own step less the
+launches of the Markov chain and the confidence head. The table gives DSpark / baseline for
+launches (measured), FLOPs and bytes (modelled at real size) and the modelled step time per
+device; ``--json`` writes them as ``{family: {k: {sample: {...}}}}``.
 
 The ring family's tiny target needs torch stand-ins for the DeepSeek-V4 kernels this host's
 vLLM lacks (``tests/engine_v4/standins.py``); each stand-in registers as the op it replaces, so
@@ -50,7 +59,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from benchmarks.draft_step_model import DEVICES, GEOMETRIES, StepCost, modelled_us, step_cost
+from benchmarks.draft_step_model import (
+    DEVICES,
+    GEOMETRIES,
+    StepCost,
+    markov_w2_bytes,
+    modelled_us,
+    step_cost,
+)
 from dspark_demo.checkpoints.qwen3 import (
     DSparkDraftSpec,
     build_qwen3_target,
@@ -346,7 +362,9 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
     return counter.cost
 
 
-def paged_engines(root: Path, k: int, sample: str) -> Iterator[tuple[str, dict, Path]]:
+def paged_engines(
+    root: Path, k: int, sample: str, confidence: list[str]
+) -> Iterator[tuple[str, dict, Path]]:
     """DSpark paged (a block-7 draft with a confidence head, scheduling off and on) and upstream
     DFlash, k drafts each, the same backbone weights: (name, speculative config, target)."""
     spec = DSparkDraftSpec(
@@ -362,16 +380,20 @@ def paged_engines(root: Path, k: int, sample: str) -> Iterator[tuple[str, dict, 
     backbone = {n: w for n, w in weights.items() if not n.startswith("confidence_head.")}
     dflash = save_dflash_draft(root / f"dflash-{k}", replace(spec, block_size=k), backbone)
     common = {"num_speculative_tokens": k, "draft_sample_method": sample}
-    yield DSPARK_PAGED, {"method": "dspark", "model": str(dspark), **common}, target
-    yield (
-        DSPARK_PAGED + CONF,
-        {"method": "dspark", "model": str(dspark), **CONFIDENCE, **common},
-        target,
-    )
+    if "off" in confidence:
+        yield DSPARK_PAGED, {"method": "dspark", "model": str(dspark), **common}, target
+    if "on" in confidence:
+        yield (
+            DSPARK_PAGED + CONF,
+            {"method": "dspark", "model": str(dspark), **CONFIDENCE, **common},
+            target,
+        )
     yield DFLASH, {"method": "dflash", "model": str(dflash), **common}, target
 
 
-def ring_engines(root: Path, k: int, sample: str) -> Iterator[tuple[str, dict, Path]]:
+def ring_engines(
+    root: Path, k: int, sample: str, confidence: list[str]
+) -> Iterator[tuple[str, dict, Path]]:
     """DSpark ring on the tiny DeepSeek-V4 target, its draft trained for the shipped block,
     confidence scheduling off and on."""
     from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
@@ -383,11 +405,14 @@ def ring_engines(root: Path, k: int, sample: str) -> Iterator[tuple[str, dict, P
         config = {**tiny_v4.TINY_V4_CONFIG, "dspark_block_size": RING_BLOCK}
         tiny_v4.save_v4_target(target, tiny_v4.random_v4_checkpoint(config), config)
     common = {"method": "dspark", "num_speculative_tokens": k, "draft_sample_method": sample}
-    yield DSPARK_RING, common, target
-    yield DSPARK_RING + CONF, {**common, **CONFIDENCE}, target
+    if "off" in confidence:
+        yield DSPARK_RING, common, target
+    if "on" in confidence:
+        yield DSPARK_RING + CONF, {**common, **CONFIDENCE}, target
 
 
 RING_ENGINE_ARGS = dict(dtype="bfloat16", max_model_len=1024, block_size=None)
+CONTEXT = 2048
 PAGED_BLOCK = GEOMETRIES["paged"].block
 RING_BLOCK = GEOMETRIES["ring"].block
 DSPARK_PAGED, DSPARK_RING, DFLASH, CONF = "dspark (paged)", "dspark (ring)", "dflash", " +conf"
@@ -405,9 +430,14 @@ def measure(args: argparse.Namespace, root: Path) -> dict[Key, Cost]:
         for k in args.k:
             setups = []
             if "paged" in args.families:
-                setups += [(*setup, {}) for setup in paged_engines(root, k, sample)]
+                setups += [
+                    (*setup, {}) for setup in paged_engines(root, k, sample, args.confidence)
+                ]
             if "ring" in args.families and k <= RING_BLOCK:
-                setups += [(*setup, RING_ENGINE_ARGS) for setup in ring_engines(root, k, sample)]
+                setups += [
+                    (*setup, RING_ENGINE_ARGS)
+                    for setup in ring_engines(root, k, sample, args.confidence)
+                ]
             for name, spec_config, target, engine_args in setups:
                 with (
                     graphs_captured(args.batch),
@@ -495,8 +525,8 @@ def compare(costs: dict[Key, Cost], args: argparse.Namespace) -> list[Comparison
 
 
 def report_json(comparisons: list[Comparison]) -> dict:
-    """``{family: {k: {sample: ratios at batch 1 with confidence on, and "cells": every
-    batch and confidence setting}}}``."""
+    """``{family: {k: {sample: the ratios at batch 1 (confidence off where measured), and
+    "cells": those of every batch and confidence setting}}}``."""
     out: dict = {}
     for c in comparisons:
         cell = (
@@ -508,7 +538,7 @@ def report_json(comparisons: list[Comparison]) -> dict:
         cell["cells"].append(
             {"batch": c.batch, "padded_to": c.padded_to, "confidence": c.confidence, **ratios}
         )
-        if c.batch == 1 and c.confidence:
+        if c.batch == 1 and "launch_ratio" not in cell:
             cell.update(ratios)
     return out
 
@@ -520,18 +550,20 @@ def format_report(costs: dict[Key, Cost], comparisons: list[Comparison]) -> str:
         "+ eagerly around it.",
         "",
         f"{'sample':<13} {'proposer':<20} {'k':>2} {'B':>3} {'ops graph':>9} {'eager':>6}"
-        f" {'launches graph':>14} {'eager':>6}",
+        f" {'launches graph':>14} {'eager':>6} {'tiny MFLOP':>10} {'tiny KiB':>9}",
     ]
     for (sample, name, k, batch), cost in sorted(costs.items()):
         lines.append(
             f"{sample:<13} {name:<20} {k:>2} {batch:>3} {cost.ops[GRAPH]:>9} {cost.ops[EAGER]:>6}"
             f" {cost.launches[GRAPH]:>14} {cost.launches[EAGER]:>6}"
+            f" {cost.total('flops') / 1e6:>10.3f}"
+            f" {(cost.total('weight_bytes') + cost.total('activation_bytes')) / 1024:>9.1f}"
         )
     devices = [device.name for device in DEVICES]
     lines += [
         "",
-        f"DSpark / baseline at real sizes (--context {comparisons and 'tokens'}): launches"
-        " counted above; FLOPs, bytes and modelled time from the shipped drafts' shapes",
+        "DSpark / baseline: launches counted above; FLOPs, bytes and the modelled time per",
+        "device from the shipped drafts' shapes (batch padded as the graphs pad it)",
         f"{'family':<6} {'sample':<13} {'k':>2} {'B':>3} {'pad':>3} {'conf':>4} {'launch':>6}"
         f" {'FLOPs':>6} {'bytes':>6} " + " ".join(f"{name:>12}" for name in devices),
     ]
@@ -543,7 +575,38 @@ def format_report(costs: dict[Key, Cost], comparisons: list[Comparison]) -> str:
             f" {r['flop_ratio']:>6.2f} {r['byte_ratio']:>6.2f} "
             + " ".join(f"{r['modelled_ratio'][name]:>12.2f}" for name in devices)
         )
+    lines += ["", *w2_lines(comparisons)]
     return "\n".join(lines)
+
+
+PRUNED_TOPK = 64
+
+
+def w2_lines(comparisons: list[Comparison]) -> list[str]:
+    """What reading the Markov head's ``W2`` once per position costs at batch 1 (greedy,
+    confidence off) on GB10, and what candidate pruning would leave of it."""
+    gb10 = DEVICES[0]
+    lines = [
+        f"W2 at batch 1 on {gb10.name} (greedy, confidence off; pruned: dspark_draft_topk"
+        f" {PRUNED_TOPK}, same launches):",
+    ]
+    for c in comparisons:
+        if c.batch != 1 or c.confidence or c.sample != "greedy":
+            continue
+        geometry = GEOMETRIES[c.family]
+        dspark, base = c.launches
+        base_us = modelled_us(gb10, c.model[1], base[GRAPH], base[EAGER])
+        ours_us = modelled_us(gb10, c.model[0], dspark[GRAPH], dspark[EAGER])
+        pruned = step_cost(geometry, c.k, 1, True, False, False, CONTEXT, topk=PRUNED_TOPK)
+        pruned_us = modelled_us(gb10, pruned, dspark[GRAPH], dspark[EAGER])
+        w2 = markov_w2_bytes(geometry, c.k)
+        lines.append(
+            f"  {c.family} k={c.k}: W2 {w2 / 1e6:.0f} MB ({w2 / gb10.bandwidth * 1e3:.2f} ms,"
+            f" {w2 / c.model[1].bytes:.1%} of the baseline's bytes); modelled"
+            f" {ours_us / 1e3:.2f} ms vs {base_us / 1e3:.2f} ms ({ours_us / base_us:.2f}x),"
+            f" pruned {pruned_us / 1e3:.2f} ms ({pruned_us / base_us:.2f}x)"
+        )
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -570,9 +633,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="probabilistic: drafts drawn by vLLM's draft sampler, requests at temperature 1",
     )
     parser.add_argument(
-        "--context", type=int, default=2048, help="context tokens per request (attention reads)"
+        "--confidence",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="DSpark with confidence scheduling (threshold) on, off or both",
     )
-    parser.add_argument("--json", action="store_true", help="print the ratios as JSON")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=CONTEXT,
+        help="context tokens per request (what attention reads)",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the ratios to PATH as JSON"
+    )
     parser.add_argument(
         "--by-op", action="store_true", help="also list every op counted, by proposer"
     )
@@ -584,10 +659,9 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as workdir:
         costs = measure(args, Path(workdir))
     comparisons = compare(costs, args)
-    if args.json:
-        print(json.dumps(report_json(comparisons), indent=2))
-        return
     print(format_report(costs, comparisons))
+    if args.json:
+        args.json.write_text(json.dumps(report_json(comparisons), indent=2) + "\n")
     if args.by_op:
         for key, cost in sorted(costs.items()):
             print(f"\n{' '.join(map(str, key))}")

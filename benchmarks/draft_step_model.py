@@ -163,9 +163,12 @@ def step_cost(
     sampled: bool,
     confidence: bool,
     context: int,
+    topk: int | None = None,
 ) -> StepCost:
     """One draft step of ``batch`` requests decoding, ``k`` drafts each, every draft accepted
-    (``k + 1`` new context tokens per request)."""
+    (``k + 1`` new context tokens per request). ``topk``: DSpark's candidate pruning
+    (``dspark_draft_topk``): the Markov bias only for each position's ``topk`` largest base
+    logits, its ``W2`` columns gathered instead of read in full."""
     cost = StepCost()
     queries = (g.block if dspark else k + 1) * batch
     new_context = (k + 1) * batch
@@ -197,9 +200,12 @@ def step_cost(
         cost.activation_bytes += logit_rows  # argmax
     if dspark:
         r = g.markov_rank
+        columns = g.vocab if topk is None else batch * topk
+        if topk is not None:
+            cost.activation_bytes += logit_rows  # the top-k of the base logits, once
         for _ in range(k):
-            cost.weight_bytes += batch * r * 2 + r * g.vocab * 2  # W1 rows, W2 in full
-            cost.flops += 2 * batch * r * g.vocab
+            cost.weight_bytes += batch * r * 2 + r * columns * 2  # W1 rows, W2's columns
+            cost.flops += 2 * batch * r * min(columns, g.vocab)
             # bias written, base row and bias read, biased row written (then sampled above).
             cost.activation_bytes += batch * g.vocab * 4 * 4
         if confidence:
@@ -215,3 +221,8 @@ def modelled_us(device: Device, cost: StepCost, graph_launches: int, eager_launc
     """Launch latency plus the roofline of the bytes and FLOPs."""
     roofline = max(cost.bytes / device.bandwidth, cost.flops / device.bf16_flops)
     return launch_time_us(device, graph_launches, eager_launches) + roofline * 1e6
+
+
+def markov_w2_bytes(g: Geometry, k: int) -> float:
+    """``W2`` read in full once per draft position."""
+    return k * g.markov_rank * g.vocab * 2
