@@ -36,10 +36,11 @@ class Device:
     graph_kernel_us: float = 1.0
 
 
-# Memory bandwidths and peaks as NVIDIA publishes them (docs/benchmarks.md cites each); the
-# launch latencies are this model's parameters, not measured here.
+# Memory bandwidth as NVIDIA's spec sheets give it; the dense BF16 peak as their sparse FP4
+# figure / 8 (sparsity, FP4 -> FP8 -> BF16: 1 PFLOP for GB10, 18 for B200, 4 for RTX PRO 6000
+# Blackwell). The launch latencies are this model's parameters, not measured here.
 DEVICES = (
-    Device("GB10", bandwidth=273e9, bf16_flops=62.5e12),
+    Device("GB10", bandwidth=273e9, bf16_flops=125e12),
     Device("B200", bandwidth=8e12, bf16_flops=2.25e15),
     Device("RTX PRO 6000", bandwidth=1.792e12, bf16_flops=0.5e15),
 )
