@@ -50,12 +50,13 @@ def test_a_device_tensor_where_a_freed_host_one_was_counts():
     reused = []
 
     def step():
-        derived = host + 1  # computed from host tensors only: host
-        freed = derived.untyped_storage().data_ptr()
-        del derived
-        fresh = torch.empty(1 << 14)  # a device tensor, where the allocator chooses
-        reused.append(fresh.untyped_storage().data_ptr() == freed)
-        fresh[:4].tolist()
+        for _ in range(50):
+            derived = host + 1  # computed from host tensors only: host
+            freed = derived.untyped_storage().data_ptr()
+            del derived
+            fresh = torch.empty(1 << 14)  # a device tensor, where the allocator chooses
+            reused.append(fresh.untyped_storage().data_ptr() == freed)
+            fresh[:4].tolist()
 
-    assert recorded([host], step) == ["tolist"]
-    assert reused == [True], "the allocator gave the device tensor other memory: no case"
+    assert recorded([host], step) == ["tolist"] * 50
+    assert any(reused), "the allocator never gave a device tensor freed host memory: no case"
