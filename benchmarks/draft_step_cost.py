@@ -616,8 +616,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batch",
         type=int,
         nargs="+",
-        default=[1, 4, GEOMETRIES["paged"].max_num_seqs],
-        help="batches whose graphs are captured (the last: the Qwen3 profile's max_num_seqs)",
+        default=[1, 4, 32],
+        help="batches whose graphs are captured (32: the Qwen3 Blackwell profile's max_num_seqs)",
     )
     parser.add_argument(
         "--padded", type=int, nargs="*", default=[3], help="batches that pad to a larger graph"

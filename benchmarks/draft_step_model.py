@@ -50,7 +50,6 @@ DEVICES = (
 class Geometry:
     """The shapes of one shipped draft that its step's FLOPs and bytes depend on."""
 
-    name: str
     hidden: int
     vocab: int
     layers: int
@@ -64,21 +63,21 @@ class Geometry:
     kv_dim: int
     attention_weights: int
     """Elements of one layer's attention projections (query, key/value, output)."""
-    mlp_bytes_per_token: float
-    """Weight bytes the MLP / MoE of one layer reads for one token (dense: all of it)."""
-    mlp_weight_bytes: float
-    """Weight bytes of one layer's MLP / MoE in full."""
+    mlp_dense_bytes: float
+    """Weight bytes of one layer's MLP read whatever the tokens (a dense MLP, a shared expert)."""
+    mlp_flops_per_token: float
+    expert_bytes: float = 0.0
+    """Weight bytes of one routed expert (a MoE)."""
+    experts: int = 0
+    experts_per_token: int = 0
     mlp_flops_per_token: float
     linear_bytes: float = 2.0
     """Bytes per weight element of the attention projections."""
-    max_num_seqs: int = 1
-    """The profile's."""
 
 
 def _qwen3_8b() -> Geometry:
     hidden, intermediate = 4096, 12288
     return Geometry(
-        name="qwen3-8b block 7 (paged)",
         hidden=hidden,
         vocab=151936,
         layers=5,
@@ -88,10 +87,8 @@ def _qwen3_8b() -> Geometry:
         q_dim=32 * 128,
         kv_dim=8 * 128,
         attention_weights=hidden * (32 * 128 + 2 * 8 * 128) + 32 * 128 * hidden,
-        mlp_bytes_per_token=3 * hidden * intermediate * 2,
-        mlp_weight_bytes=3 * hidden * intermediate * 2,
+        mlp_dense_bytes=3 * hidden * intermediate * 2,
         mlp_flops_per_token=2 * 3 * hidden * intermediate,
-        max_num_seqs=32,
     )
 
 
@@ -99,11 +96,8 @@ def _deepseek_v4_flash() -> Geometry:
     """``mtp.*``: three stages of MQA (one 512-wide KV head, low-rank Q and O) and a MoE of 256
     MXFP4 experts (top 6, intermediate 2048) plus one FP8 shared expert, FP8 projections; the
     shapes of the checkpoint's config (docs/deepseek-v4.md)."""
-    hidden, inter, experts, top = 4096, 2048, 256, 6
-    expert_bytes = 3 * hidden * inter * 0.5  # MXFP4 (scales left out)
-    shared_bytes = 3 * hidden * inter * 1.0  # FP8
+    hidden, inter, top = 4096, 2048, 6
     return Geometry(
-        name="deepseek-v4-flash mtp (ring)",
         hidden=hidden,
         vocab=129280,
         layers=3,
@@ -118,11 +112,12 @@ def _deepseek_v4_flash() -> Geometry:
         + hidden * 512
         + 64 * 512 * 1024
         + 8 * 1024 * hidden,
-        mlp_bytes_per_token=top * expert_bytes + shared_bytes,
-        mlp_weight_bytes=experts * expert_bytes + shared_bytes,
+        mlp_dense_bytes=3 * hidden * inter * 1.0,  # the FP8 shared expert
         mlp_flops_per_token=2 * 3 * hidden * inter * (top + 1),
+        expert_bytes=3 * hidden * inter * 0.5,  # MXFP4, scales left out
+        experts=256,
+        experts_per_token=top,
         linear_bytes=1.0,
-        max_num_seqs=16,
     )
 
 
@@ -146,14 +141,12 @@ class StepCost:
 
 
 def _mlp_bytes(g: Geometry, tokens: int) -> float:
-    """Weight bytes one layer's MLP reads for ``tokens`` tokens: dense layers read all; a MoE the
-    experts the tokens route to (expected distinct experts under uniform routing)."""
-    if g.mlp_bytes_per_token == g.mlp_weight_bytes:
-        return g.mlp_weight_bytes
-    experts, top = 256, 6
-    touched = experts * (1 - (1 - top / experts) ** tokens)
-    per_expert = (g.mlp_bytes_per_token - 3 * g.hidden * 2048 * 1.0) / top
-    return min(g.mlp_weight_bytes, touched * per_expert + 3 * g.hidden * 2048 * 1.0)
+    """Weight bytes one layer's MLP reads for ``tokens`` tokens: the dense part, and the routed
+    experts the tokens pick (the expected number of distinct ones under uniform routing)."""
+    if not g.experts:
+        return g.mlp_dense_bytes
+    touched = g.experts * (1 - (1 - g.experts_per_token / g.experts) ** tokens)
+    return g.mlp_dense_bytes + touched * g.expert_bytes
 
 
 def step_cost(
