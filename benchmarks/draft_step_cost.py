@@ -2,31 +2,40 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """What one draft step costs, counted instead of timed: the same numbers on every run.
 
-    .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4] [--families paged ring]
-        [--draft-sample-method probabilistic]
+    .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4 32] [--padded 3]
+        [--families paged ring] [--draft-sample-method greedy probabilistic]
+        [--confidence on off] [--json PATH]
 
-For each proposer (DSpark paged and upstream DFlash on the tiny Qwen3 target, both drafts with
-the same backbone weights; DSpark ring on the tiny DeepSeek-V4 target), k and batch, one
-``propose()`` in steady state (every request of the batch decoding, the 3rd draft step) is run
-under a torch dispatch mode that counts, per dispatched op:
+Launches are counted on tiny engines, where only the number of ops matters; FLOPs, bytes and a
+modelled time come from the real sizes of the shipped drafts (``draft_step_model``).
 
-  * ops: the ops that launch work (view ops, allocations and no-ops are left out): what eager
-    mode launches on a GPU, one kernel per op, give or take a fused or split one;
-  * FLOPs: torch's FLOP formulas (``torch.utils.flop_counter``) for its matmul and attention
-    ops, plus 2 M K N for vLLM's CPU GEMM (``_C.onednn_mm``); vLLM's own attention ops are
-    not counted (their cost is the same for both paged proposers at equal k and batch);
-  * bytes: every op's tensor inputs and outputs, split into weights (the draft's and the
-    target's parameters, and each GEMM's weight read) and activations, what the ops would move
-    if nothing were fused (an upper bound of memory traffic); gathers and scatters count the
-    rows they touch, in-place ops their tensor once, and the paged KV cache is left out.
+For each proposer (DSpark paged, a block-7 draft with its confidence head, scheduling off and
+on, and upstream DFlash, on the tiny Qwen3 target with the same backbone weights; DSpark ring on
+the tiny DeepSeek-V4 target, its shipped block of 5), k, sampling and batch, one ``propose()``
+in steady state (every request of the batch decoding, the 3rd draft step) is run under a torch
+dispatch mode that counts, per dispatched op:
+
+  * ops: the ops that launch work (view ops, allocations and no-ops are left out);
+  * launches: the kernels a GPU runs for them: each call of a vLLM ``CustomOp`` (RMSNorm, its
+    fused residual add, SiluAndMul, rotary embedding, ...) is one launch, as vLLM's C kernel or
+    the one kernel Inductor fuses its native code into (the draft is compiled on CUDA), however
+    many aten ops it dispatches here; every other op is one launch;
+  * FLOPs and bytes of the tiny models (torch's FLOP formulas plus vLLM's CPU GEMM; every op's
+    tensor inputs and outputs), printed for reference only.
 
 Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly around it.
 DSpark's proposers plan, capture and replay their FULL graphs as on CUDA, each graph replaced
 by its own function (``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies
 into the graphs' fixed inputs and out of their outputs as eager. The paged draft model's
 forward (DFlash and DSpark) counts as graph, as upstream's piecewise graphs replay it, except
-vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). DSpark / DFlash ratios
-are printed for the paged family at equal k and batch.
+vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
+``--batch``; a ``--padded`` batch replays the next larger one.
+
+DSpark is compared with its baseline at equal k, batch and sampling: upstream DFlash for the
+paged family; for the ring family (vLLM has no DFlash of DeepSeek-V4) its own step less the
+launches of the Markov chain and the confidence head. The table gives DSpark / baseline for
+launches (measured), FLOPs and bytes (modelled at real size) and the modelled step time per
+device; ``--json`` writes them as ``{family: {k: {sample: {...}}}}``.
 
 The ring family's tiny target needs torch stand-ins for the DeepSeek-V4 kernels this host's
 vLLM lacks (``tests/engine_v4/standins.py``); each stand-in registers as the op it replaces, so
@@ -38,9 +47,10 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -49,6 +59,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
+from benchmarks.draft_step_model import (
+    DEVICES,
+    GEOMETRIES,
+    StepCost,
+    markov_w2_bytes,
+    modelled_us,
+    step_cost,
+)
 from dspark_demo.checkpoints.qwen3 import (
     DSparkDraftSpec,
     build_qwen3_target,
@@ -68,9 +86,13 @@ class Cost:
     """Counts of one draft step, by where its ops run on CUDA."""
 
     ops: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
+    launches: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
+    """Kernels as a GPU runs them: ``ops``, with each vLLM custom op counted as one."""
     flops: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
     weight_bytes: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
     activation_bytes: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
+    dspark_launches: dict[str, int] = field(default_factory=lambda: {GRAPH: 0, EAGER: 0})
+    """Of ``launches``, those of the Markov chain and the confidence head."""
     by_op: collections.Counter = field(default_factory=collections.Counter)
 
     def total(self, name: str) -> int:
@@ -101,6 +123,8 @@ class StepCounter(TorchDispatchMode):
         super().__init__()
         self.cost = Cost()
         self.phase = EAGER
+        self._fused_depth = 0
+        self._dspark_depth = 0
         self._weights = weights
         self._kv_caches = kv_caches
         self._splitting_ops = splitting_ops
@@ -114,6 +138,32 @@ class StepCounter(TorchDispatchMode):
         finally:
             self.phase = outer
 
+    @contextlib.contextmanager
+    def one_launch(self) -> Iterator[None]:
+        """What runs inside is one kernel on CUDA (a vLLM custom op: its C kernel, or the one
+        Inductor fuses its native code into)."""
+        if not self._fused_depth:
+            self._launch(self.phase)
+        self._fused_depth += 1
+        try:
+            yield
+        finally:
+            self._fused_depth -= 1
+
+    @contextlib.contextmanager
+    def dspark_only(self) -> Iterator[None]:
+        """What runs inside is DSpark's own (the Markov chain, the confidence head)."""
+        self._dspark_depth += 1
+        try:
+            yield
+        finally:
+            self._dspark_depth -= 1
+
+    def _launch(self, phase: str) -> None:
+        self.cost.launches[phase] += 1
+        if self._dspark_depth:
+            self.cost.dspark_launches[phase] += 1
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -123,6 +173,8 @@ class StepCounter(TorchDispatchMode):
         phase = EAGER if name.split(".")[0] in self._splitting_ops else self.phase
         cost = self.cost
         cost.ops[phase] += 1
+        if not self._fused_depth:
+            self._launch(phase)
         cost.by_op[phase, name] += 1
         inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
@@ -165,6 +217,56 @@ class StepCounter(TorchDispatchMode):
         if func.name() == "aten::linear":
             return _gemm_flops(args[0], outputs[0])
         return 0
+
+
+@contextlib.contextmanager
+def custom_ops_as_one_launch(counter: StepCounter, *modules: torch.nn.Module) -> Iterator[None]:
+    """Count each call of a vLLM ``CustomOp`` module inside ``modules`` (RMSNorm, SiluAndMul,
+    rotary embedding, ...) as one launch: on CUDA it is vLLM's C kernel, or its native code fused
+    by Inductor into one kernel; on this CPU it may dispatch many aten ops."""
+    from vllm.model_executor.custom_op import CustomOp
+
+    hooks = []
+    for module in modules:
+        for op in module.modules():
+            if isinstance(op, CustomOp):
+                entered: list[contextlib.AbstractContextManager] = []
+
+                def enter(*_, entered=entered):
+                    entered.append(counter.one_launch())
+                    entered[-1].__enter__()
+
+                def leave(*_, entered=entered):
+                    entered.pop().__exit__(None, None, None)
+
+                hooks += [op.register_forward_pre_hook(enter), op.register_forward_hook(leave)]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@contextlib.contextmanager
+def dspark_parts_marked(counter: StepCounter, drafter) -> Iterator[None]:
+    """Mark the launches of the Markov chain and the confidence head, for either proposer."""
+    from vllm.v1.spec_decode.dspark import drafter as block_drafter
+    from vllm.v1.spec_decode.dspark import paged_proposer
+
+    def marked(function):
+        def call(*args, **kwargs):
+            with counter.dspark_only():
+                return function(*args, **kwargs)
+
+        return call
+
+    heads = getattr(getattr(drafter, "_drafter", None), "heads", None) or drafter.model
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for module in (block_drafter, paged_proposer):
+            monkeypatch.setattr(module, "markov_chain", marked(module.markov_chain))
+        if hasattr(heads, "compute_confidence"):
+            monkeypatch.setattr(heads, "compute_confidence", marked(heads.compute_confidence))
+        yield
 
 
 def splitting_ops() -> set[str]:
@@ -243,7 +345,12 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
         calls.append(None)
         if len(calls) != MEASURED_STEP:
             return propose(*args, **kwargs)
-        with counter, graphed(counter, drafter):
+        with (
+            counter,
+            graphed(counter, drafter),
+            custom_ops_as_one_launch(counter, drafter.model),
+            dspark_parts_marked(counter, drafter),
+        ):
             return propose(*args, **kwargs)
 
     drafter.propose = counted
@@ -255,135 +362,309 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
     return counter.cost
 
 
-def paged_engines(root: Path, k: int) -> Iterator[tuple[str, dict, Path]]:
-    """DSpark paged and upstream DFlash, k drafts each, the same backbone weights: (name,
-    speculative config, target)."""
-    spec = DSparkDraftSpec(block_size=k)
+def paged_engines(
+    root: Path, k: int, sample: str, confidence: list[str]
+) -> Iterator[tuple[str, dict, Path]]:
+    """DSpark paged (a block-7 draft with a confidence head, scheduling off and on) and upstream
+    DFlash, k drafts each, the same backbone weights: (name, speculative config, target)."""
+    spec = DSparkDraftSpec(
+        block_size=PAGED_BLOCK, confidence_head=True, confidence_with_markov=True
+    )
     weights = random_dspark_weights(spec)
     target = root / "qwen3-target"
     if not (target / "config.json").exists():
         build_qwen3_target(target, kind="random")
-    drafts = {
-        "dspark (paged)": save_dspark_draft(root / f"dspark-{k}", spec, weights, target),
-        "dflash": save_dflash_draft(root / f"dflash-{k}", spec, weights),
-    }
-    for name, draft in drafts.items():
-        method = name.split()[0]
-        yield name, {"method": method, "model": str(draft), "num_speculative_tokens": k}, target
+    dspark = root / "dspark"
+    if not (dspark / "config.json").exists():
+        save_dspark_draft(dspark, spec, weights, target)
+    backbone = {n: w for n, w in weights.items() if not n.startswith("confidence_head.")}
+    dflash = save_dflash_draft(root / f"dflash-{k}", replace(spec, block_size=k), backbone)
+    common = {"num_speculative_tokens": k, "draft_sample_method": sample}
+    if "off" in confidence:
+        yield DSPARK_PAGED, {"method": "dspark", "model": str(dspark), **common}, target
+    if "on" in confidence:
+        yield (
+            DSPARK_PAGED + CONF,
+            {"method": "dspark", "model": str(dspark), **CONFIDENCE, **common},
+            target,
+        )
+    yield DFLASH, {"method": "dflash", "model": str(dflash), **common}, target
 
 
-def ring_engine(root: Path, k: int) -> Iterator[tuple[str, dict, Path]]:
-    """DSpark ring on the tiny DeepSeek-V4 target (its draft trained for block k)."""
+def ring_engines(
+    root: Path, k: int, sample: str, confidence: list[str]
+) -> Iterator[tuple[str, dict, Path]]:
+    """DSpark ring on the tiny DeepSeek-V4 target, its draft trained for the shipped block,
+    confidence scheduling off and on."""
     from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
     from tests.engine_v4 import standins
 
     standins.install_standins()
-    config = {**tiny_v4.TINY_V4_CONFIG, "dspark_block_size": k}
-    target = tiny_v4.save_v4_target(root / f"v4-{k}", tiny_v4.random_v4_checkpoint(config), config)
-    yield "dspark (ring)", {"method": "dspark", "num_speculative_tokens": k}, target
+    target = root / "v4"
+    if not (target / "config.json").exists():
+        config = {**tiny_v4.TINY_V4_CONFIG, "dspark_block_size": RING_BLOCK}
+        tiny_v4.save_v4_target(target, tiny_v4.random_v4_checkpoint(config), config)
+    common = {"method": "dspark", "num_speculative_tokens": k, "draft_sample_method": sample}
+    if "off" in confidence:
+        yield DSPARK_RING, common, target
+    if "on" in confidence:
+        yield DSPARK_RING + CONF, {**common, **CONFIDENCE}, target
 
 
 RING_ENGINE_ARGS = dict(dtype="bfloat16", max_model_len=1024, block_size=None)
+CONTEXT = 2048
+PAGED_BLOCK = GEOMETRIES["paged"].block
+RING_BLOCK = GEOMETRIES["ring"].block
+DSPARK_PAGED, DSPARK_RING, DFLASH, CONF = "dspark (paged)", "dspark (ring)", "dflash", " +conf"
+CONFIDENCE = {"dspark_confidence_scheduler": "threshold", "dspark_confidence_threshold": 0.3}
+Key = tuple[str, str, int, int]
+"""(sample method, proposer, k, batch)."""
 
 
-def measure(args: argparse.Namespace, root: Path) -> dict[tuple[str, int, int], Cost]:
+def measure(args: argparse.Namespace, root: Path) -> dict[Key, Cost]:
     """One engine at a time (in-process engines share vLLM's global state)."""
     costs = {}
-    for k in args.k:
-        setups = []
-        if "paged" in args.families:
-            setups += [(*setup, {}) for setup in paged_engines(root, k)]
-        if "ring" in args.families:
-            setups += [(*setup, RING_ENGINE_ARGS) for setup in ring_engine(root, k)]
-        for name, spec_config, target, engine_args in setups:
-            spec_config["draft_sample_method"] = args.draft_sample_method
-            with (
-                graphs_captured(args.batch),
-                TinyEngine(target, spec_config, **engine_args) as engine,
-            ):
-                if name.startswith("dspark"):
-                    capture(engine)
-                for batch in args.batch:
-                    costs[name, k, batch] = measure_step(engine, batch, args.temperature)
+    batches = sorted({*args.batch, *args.padded})
+    for sample in args.draft_sample_method:
+        temperature = 1.0 if sample == "probabilistic" else 0.0
+        for k in args.k:
+            setups = []
+            if "paged" in args.families:
+                setups += [
+                    (*setup, {}) for setup in paged_engines(root, k, sample, args.confidence)
+                ]
+            if "ring" in args.families and k <= RING_BLOCK:
+                setups += [
+                    (*setup, RING_ENGINE_ARGS)
+                    for setup in ring_engines(root, k, sample, args.confidence)
+                ]
+            for name, spec_config, target, engine_args in setups:
+                with (
+                    graphs_captured(args.batch),
+                    TinyEngine(
+                        target, spec_config, max_num_seqs=max(batches), **engine_args
+                    ) as engine,
+                ):
+                    if name.startswith("dspark"):
+                        capture(engine)
+                    for batch in batches:
+                        costs[sample, name, k, batch] = measure_step(engine, batch, temperature)
     return costs
 
 
-def _ratio(a: int, b: int) -> str:
-    return f"{a / b:.2f}" if b else "-"
+def _padded(batch: int, captured: list[int]) -> int:
+    return min((size for size in captured if size >= batch), default=batch)
 
 
-def format_report(costs: dict[tuple[str, int, int], Cost]) -> str:
+@dataclass
+class Comparison:
+    """DSpark against its baseline at one k, batch, sampling and confidence setting."""
+
+    family: str
+    k: int
+    batch: int
+    padded_to: int
+    sample: str
+    confidence: bool
+    launches: tuple[dict[str, int], dict[str, int]]
+    """(DSpark, baseline) launches by phase."""
+    model: tuple[StepCost, StepCost]
+
+    def ratios(self) -> dict:
+        (dspark, base), (dspark_model, base_model) = self.launches, self.model
+        modelled = {}
+        for device in DEVICES:
+            ours = modelled_us(device, dspark_model, dspark[GRAPH], dspark[EAGER])
+            theirs = modelled_us(device, base_model, base[GRAPH], base[EAGER])
+            modelled[device.name] = round(ours / theirs, 3)
+        return {
+            "launch_ratio": round(sum(dspark.values()) / sum(base.values()), 3),
+            "flop_ratio": round(dspark_model.flops / base_model.flops, 3),
+            "byte_ratio": round(dspark_model.bytes / base_model.bytes, 3),
+            "modelled_ratio": modelled,
+        }
+
+
+def compare(costs: dict[Key, Cost], args: argparse.Namespace) -> list[Comparison]:
+    """Every DSpark cell against its baseline: DFlash's measured launches for the paged family;
+    for the ring family, its own launches less those of the Markov chain and confidence head."""
+    comparisons = []
+    for sample, name, k, batch in sorted(costs):
+        if not name.startswith("dspark"):
+            continue
+        family = "paged" if name.startswith(DSPARK_PAGED) else "ring"
+        cost = costs[sample, name, k, batch]
+        if family == "paged":
+            base_launches = costs[sample, DFLASH, k, batch].launches
+        else:
+            base_launches = {
+                phase: cost.launches[phase] - cost.dspark_launches[phase]
+                for phase in (GRAPH, EAGER)
+            }
+        padded = _padded(batch, args.batch)
+        confidence = name.endswith(CONF)
+        geometry = GEOMETRIES[family]
+        model = tuple(
+            step_cost(
+                geometry,
+                k,
+                padded,
+                dspark,
+                sample == "probabilistic",
+                confidence and dspark,
+                args.context,
+            )
+            for dspark in (True, False)
+        )
+        comparisons.append(
+            Comparison(
+                family, k, batch, padded, sample, confidence, (cost.launches, base_launches), model
+            )
+        )
+    return comparisons
+
+
+def report_json(comparisons: list[Comparison]) -> dict:
+    """``{family: {k: {sample: the ratios at batch 1 (confidence off where measured), and
+    "cells": those of every batch and confidence setting}}}``."""
+    out: dict = {}
+    for c in comparisons:
+        cell = (
+            out.setdefault(c.family, {})
+            .setdefault(str(c.k), {})
+            .setdefault(c.sample, {"cells": []})
+        )
+        ratios = c.ratios()
+        cell["cells"].append(
+            {"batch": c.batch, "padded_to": c.padded_to, "confidence": c.confidence, **ratios}
+        )
+        if c.batch == 1 and "launch_ratio" not in cell:
+            cell.update(ratios)
+    return out
+
+
+def format_report(costs: dict[Key, Cost], comparisons: list[Comparison]) -> str:
     lines = [
-        "Per draft step. ops: non-view ops dispatched (one GPU launch each in eager mode);",
-        "graph + eager: inside a CUDA graph on CUDA + eagerly around it. FLOPs and bytes: totals.",
+        "Per draft step, counted on the tiny engines. ops: non-view ops dispatched; launches: the",
+        "kernels a GPU runs (a vLLM custom op is one); graph + eager: inside a CUDA graph on CUDA",
+        "+ eagerly around it.",
         "",
-        f"{'proposer':<15} {'k':>2} {'B':>2} {'ops graph':>9} {'eager':>6} {'MFLOP':>9}"
-        f" {'weights KiB':>11} {'activ. KiB':>10}",
+        f"{'sample':<13} {'proposer':<20} {'k':>2} {'B':>3} {'ops graph':>9} {'eager':>6}"
+        f" {'launches graph':>14} {'eager':>6} {'tiny MFLOP':>10} {'tiny KiB':>9}",
     ]
-    for (method, k, batch), cost in sorted(costs.items(), key=lambda item: item[0][1:]):
+    for (sample, name, k, batch), cost in sorted(costs.items()):
         lines.append(
-            f"{method:<15} {k:>2} {batch:>2} {cost.ops[GRAPH]:>9} {cost.ops[EAGER]:>6}"
-            f" {cost.total('flops') / 1e6:>9.3f} {cost.total('weight_bytes') / 1024:>11.1f}"
-            f" {cost.total('activation_bytes') / 1024:>10.1f}"
+            f"{sample:<13} {name:<20} {k:>2} {batch:>3} {cost.ops[GRAPH]:>9} {cost.ops[EAGER]:>6}"
+            f" {cost.launches[GRAPH]:>14} {cost.launches[EAGER]:>6}"
+            f" {cost.total('flops') / 1e6:>10.3f}"
+            f" {(cost.total('weight_bytes') + cost.total('activation_bytes')) / 1024:>9.1f}"
         )
-    pairs = sorted(
-        {(k, batch) for (method, k, batch) in costs if method in ("dspark (paged)", "dflash")}
-    )
-    if pairs:
-        lines += [
-            "",
-            "DSpark paged / DFlash",
-            f"{'k':>2} {'B':>2} {'ops':>5} {'graph':>6} {'eager':>6} {'FLOPs':>6}"
-            f" {'weights':>8} {'activ.':>7}",
-        ]
-    for k, batch in pairs:
-        dspark, dflash = costs["dspark (paged)", k, batch], costs["dflash", k, batch]
+    devices = [device.name for device in DEVICES]
+    lines += [
+        "",
+        "DSpark / baseline: launches counted above; FLOPs, bytes and the modelled time per",
+        "device from the shipped drafts' shapes (batch padded as the graphs pad it)",
+        f"{'family':<6} {'sample':<13} {'k':>2} {'B':>3} {'pad':>3} {'conf':>4} {'launch':>6}"
+        f" {'FLOPs':>6} {'bytes':>6} " + " ".join(f"{name:>12}" for name in devices),
+    ]
+    for c in comparisons:
+        r = c.ratios()
         lines.append(
-            f"{k:>2} {batch:>2} {_ratio(dspark.total('ops'), dflash.total('ops')):>5}"
-            f" {_ratio(dspark.ops[GRAPH], dflash.ops[GRAPH]):>6}"
-            f" {_ratio(dspark.ops[EAGER], dflash.ops[EAGER]):>6}"
-            f" {_ratio(dspark.total('flops'), dflash.total('flops')):>6}"
-            f" {_ratio(dspark.total('weight_bytes'), dflash.total('weight_bytes')):>8}"
-            f" {_ratio(dspark.total('activation_bytes'), dflash.total('activation_bytes')):>7}"
+            f"{c.family:<6} {c.sample:<13} {c.k:>2} {c.batch:>3} {c.padded_to:>3}"
+            f" {'on' if c.confidence else 'off':>4} {r['launch_ratio']:>6.2f}"
+            f" {r['flop_ratio']:>6.2f} {r['byte_ratio']:>6.2f} "
+            + " ".join(f"{r['modelled_ratio'][name]:>12.2f}" for name in devices)
         )
+    lines += ["", *w2_lines(comparisons)]
     return "\n".join(lines)
+
+
+PRUNED_TOPK = 64
+
+
+def w2_lines(comparisons: list[Comparison]) -> list[str]:
+    """What reading the Markov head's ``W2`` once per position costs at batch 1 (greedy,
+    confidence off) on GB10, and what candidate pruning would leave of it."""
+    gb10 = DEVICES[0]
+    lines = [
+        f"W2 at batch 1 on {gb10.name} (greedy, confidence off; pruned: dspark_draft_topk"
+        f" {PRUNED_TOPK}, same launches):",
+    ]
+    for c in comparisons:
+        if c.batch != 1 or c.confidence or c.sample != "greedy":
+            continue
+        geometry = GEOMETRIES[c.family]
+        dspark, base = c.launches
+        base_us = modelled_us(gb10, c.model[1], base[GRAPH], base[EAGER])
+        ours_us = modelled_us(gb10, c.model[0], dspark[GRAPH], dspark[EAGER])
+        pruned = step_cost(geometry, c.k, 1, True, False, False, CONTEXT, topk=PRUNED_TOPK)
+        pruned_us = modelled_us(gb10, pruned, dspark[GRAPH], dspark[EAGER])
+        w2 = markov_w2_bytes(geometry, c.k)
+        lines.append(
+            f"  {c.family} k={c.k}: W2 {w2 / 1e6:.0f} MB ({w2 / gb10.bandwidth * 1e3:.2f} ms,"
+            f" {w2 / c.model[1].bytes:.1%} of the baseline's bytes); modelled"
+            f" {ours_us / 1e3:.2f} ms vs {base_us / 1e3:.2f} ms ({ours_us / base_us:.2f}x),"
+            f" pruned {pruned_us / 1e3:.2f} ms ({pruned_us / base_us:.2f}x)"
+        )
+    return lines
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k", type=int, nargs="+", default=[4, 7])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4])
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        default=[1, 4, 32],
+        help="batches whose graphs are captured (32: the Qwen3 Blackwell profile's max_num_seqs)",
+    )
+    parser.add_argument(
+        "--padded", type=int, nargs="*", default=[3], help="batches that pad to a larger graph"
+    )
     parser.add_argument(
         "--families", nargs="+", choices=["paged", "ring"], default=["paged", "ring"]
     )
     parser.add_argument(
         "--draft-sample-method",
+        nargs="+",
         choices=["greedy", "probabilistic"],
-        default="greedy",
-        help="probabilistic: drafts drawn by vLLM's draft sampler, requests at --temperature",
+        default=["greedy", "probabilistic"],
+        help="probabilistic: drafts drawn by vLLM's draft sampler, requests at temperature 1",
     )
-    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument(
+        "--confidence",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on", "off"],
+        help="DSpark with confidence scheduling (threshold) on, off or both",
+    )
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=CONTEXT,
+        help="context tokens per request (what attention reads)",
+    )
+    parser.add_argument(
+        "--json", type=Path, metavar="PATH", help="also write the ratios to PATH as JSON"
+    )
     parser.add_argument(
         "--by-op", action="store_true", help="also list every op counted, by proposer"
     )
-    args = parser.parse_args(argv)
-    if args.temperature is None:
-        args.temperature = 1.0 if args.draft_sample_method == "probabilistic" else 0.0
-    return args
+    return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    print(
-        f"draft_sample_method={args.draft_sample_method}, temperature={args.temperature}",
-        flush=True,
-    )
     with tempfile.TemporaryDirectory() as workdir:
         costs = measure(args, Path(workdir))
-    print(format_report(costs))
+    comparisons = compare(costs, args)
+    print(format_report(costs, comparisons))
+    if args.json:
+        args.json.write_text(json.dumps(report_json(comparisons), indent=2) + "\n")
     if args.by_op:
-        for (method, k, batch), cost in sorted(costs.items()):
-            print(f"\n{method} k={k} B={batch}")
+        for key, cost in sorted(costs.items()):
+            print(f"\n{' '.join(map(str, key))}")
             for (phase, name), count in sorted(cost.by_op.items()):
                 print(f"  {phase:<5} {count:>4}  {name}")
 

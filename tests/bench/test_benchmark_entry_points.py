@@ -104,18 +104,43 @@ def test_proposer_overhead_fast_mode_times_both_proposers(tmp_path):
 @pytest.mark.engine
 def test_draft_step_cost_counts_each_step_of_both_paged_proposers(tmp_path):
     """A tiny run of the counted-cost benchmark: a steady-state step of each paged proposer is
-    counted, the graph and eager parts both hold ops, a step's op counts do not depend on the
-    batch size while its FLOPs grow with it, and the report prints the DSpark / DFlash rows."""
-    from benchmarks import draft_step_cost
+    counted, the graph and eager parts both hold ops, a step's launches do not depend on the
+    batch size while its FLOPs grow with it, a padded batch adds the padding's eager ops, custom
+    ops make fewer launches than ops, and the report and JSON give the DSpark / DFlash ratios."""
+    from benchmarks import draft_step_cost as cost
 
-    args = draft_step_cost.parse_args(["--k", "2", "--batch", "1", "3", "--families", "paged"])
-    costs = draft_step_cost.measure(args, tmp_path)
-    assert set(costs) == {(m, 2, b) for m in ("dspark (paged)", "dflash") for b in (1, 3)}
-    for method in ("dspark (paged)", "dflash"):
-        one, three = costs[method, 2, 1], costs[method, 2, 3]
-        assert one.ops == three.ops
+    args = cost.parse_args(
+        [
+            "--k",
+            "2",
+            "--batch",
+            "1",
+            "4",
+            "--padded",
+            "3",
+            "--families",
+            "paged",
+            "--draft-sample-method",
+            "greedy",
+            "--confidence",
+            "off",
+        ]
+    )
+    costs = cost.measure(args, tmp_path)
+    proposers = (cost.DSPARK_PAGED, cost.DFLASH)
+    assert set(costs) == {("greedy", m, 2, b) for m in proposers for b in (1, 3, 4)}
+    for method in proposers:
+        one, four = (costs["greedy", method, 2, b] for b in (1, 4))
+        assert one.launches == four.launches
         assert min(one.ops.values()) > 0
-        assert 0 < one.total("flops") < three.total("flops")
-    report = draft_step_cost.format_report(costs)
-    assert "DSpark paged / DFlash" in report
-    assert len([line for line in report.splitlines() if line.startswith(" 2 ")]) == 2
+        assert one.launches[cost.GRAPH] < one.ops[cost.GRAPH]
+        assert 0 < one.total("flops") < four.total("flops")
+    dspark = {b: costs["greedy", cost.DSPARK_PAGED, 2, b] for b in (3, 4)}
+    assert dspark[3].ops[cost.EAGER] > dspark[4].ops[cost.EAGER]  # the padding rows
+    comparisons = cost.compare(costs, args)
+    assert "DSpark / baseline" in cost.format_report(costs, comparisons)
+    ratios = cost.report_json(comparisons)["paged"]["2"]["greedy"]
+    assert ratios["launch_ratio"] > 1 and set(ratios["modelled_ratio"]) == {
+        device.name for device in cost.DEVICES
+    }
+    assert [c["padded_to"] for c in ratios["cells"]] == [1, 4, 4]

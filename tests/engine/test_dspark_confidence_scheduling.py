@@ -16,6 +16,7 @@ import torch
 
 from dspark_demo.checkpoints import qwen3
 from dspark_demo.engine import TinyEngine, dspark_config, run_engine
+from dspark_demo.host_syncs import step_reads
 
 K = 4
 CONFIDENCE = 0.5  # sigmoid(0)
@@ -58,14 +59,24 @@ def plain(tiny):
 def test_lengths_follow_the_confidence_and_output_is_lossless(
     tiny, confident_draft, plain, options, length
 ):
-    run = run_engine(
-        tiny.bigram_target,
-        PROMPTS,
-        MAX_TOKENS,
-        dspark_config(confident_draft, **options),
-        max_num_seqs=4,
-    )
+    """Also: every step that verifies drafts reads from the device only where vLLM's rejection
+    sampler parses its output, as for every method: the lengths reach the host in the pinned
+    copy made with the drafts. Control (with scheduling): a ``.tolist()`` of the device
+    lengths planted in the runner's ``take_draft_token_ids`` is counted."""
+    config = dspark_config(confident_draft, **options)
+    with TinyEngine(tiny.bigram_target, config, max_num_seqs=4) as engine:
+        with step_reads(engine.model_runner) as steps:
+            run = engine.generate(PROMPTS, MAX_TOKENS)
+        if options and length:
+            planted = planted_length_reads(engine)
+            assert planted and all(read.startswith("tolist at ") for read in planted)
     assert run.token_ids == plain.token_ids
+    for step in steps:
+        if step.decoding:
+            assert {read.split(" at ")[1].split(":")[0] for read in step.reads} == {
+                "rejection_sampler.py"
+            }, step.reads
+            assert step.syncs == [], step.syncs
     drafts = run.drafts
     verified = run.metrics["vllm:spec_decode_num_draft_tokens"]
     per_position = run.metrics["vllm:spec_decode_verified_drafts_per_pos"]
@@ -76,6 +87,25 @@ def test_lengths_follow_the_confidence_and_output_is_lossless(
     assert verified == drafts * length
     assert per_position == [drafts] * length + [0] * (K - length)
     assert run.accepted_per_position[length:] == [0] * (K - length)
+
+
+def planted_length_reads(engine: TinyEngine) -> list[str]:
+    """The device reads recorded in steps whose ``take_draft_token_ids`` reads the device
+    lengths with ``.tolist()`` (what the runner did before the pinned copy)."""
+    runner = engine.model_runner
+    take = runner.take_draft_token_ids
+
+    def planted_tolist():
+        runner._draft_token_lengths.tolist()
+        return take()
+
+    runner.take_draft_token_ids = planted_tolist
+    try:
+        with step_reads(runner) as steps:
+            engine.generate(PROMPTS[:1], 6)
+    finally:
+        del runner.take_draft_token_ids
+    return [read for step in steps for read in step.reads if "planted_tolist" in read]
 
 
 @pytest.fixture(scope="module")

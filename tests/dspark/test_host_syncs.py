@@ -1,0 +1,62 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
+"""The host-read recorder on a CPU box: reads of tensors that live on the device on a GPU count,
+reads of the runner's host tensors and of what is computed from them only do not."""
+
+import torch
+
+from dspark_demo.host_syncs import DeviceReadRecorder, HostSyncRecorder
+
+
+def recorded(host: list[torch.Tensor], step) -> list[str]:
+    syncs = HostSyncRecorder({t.untyped_storage().data_ptr() for t in host})
+    with DeviceReadRecorder(syncs.is_host) as reads, syncs:
+        step()
+    return [read.split(" at ")[0] for read in reads.reads]
+
+
+def test_every_kind_of_device_read_counts_and_host_reads_do_not(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no CUDA here
+    device = torch.arange(4)
+    host = torch.zeros(4, dtype=torch.int64)
+    pinned_copy = torch.zeros(4, dtype=torch.int64)
+
+    def step():
+        host.tolist()
+        (host[1:] - host[:-1]).max().item()  # computed from host tensors only
+        pinned_copy.copy_(device, non_blocking=True)
+        pinned_copy.tolist()
+        device.tolist()
+        device.cpu().numpy()  # one transfer
+        device[0].item()
+        device.to("cpu")
+        host.copy_(device)
+        bool(device[1])
+        torch.cuda.synchronize()
+
+    assert recorded([host, pinned_copy], step) == [
+        "tolist",
+        "cpu",
+        "item",
+        "to",
+        "copy_",
+        "__bool__",
+        "synchronize",
+    ]
+
+
+def test_a_device_tensor_where_a_freed_host_one_was_counts():
+    host = torch.zeros(1 << 14)
+    reused = []
+
+    def step():
+        for _ in range(50):
+            derived = host + 1  # computed from host tensors only: host
+            freed = derived.untyped_storage().data_ptr()
+            del derived
+            fresh = torch.empty(1 << 14)  # a device tensor, where the allocator chooses
+            reused.append(fresh.untyped_storage().data_ptr() == freed)
+            fresh[:4].tolist()
+
+    assert recorded([host], step) == ["tolist"] * 50
+    assert any(reused), "the allocator never gave a device tensor freed host memory: no case"
