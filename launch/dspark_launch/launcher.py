@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from dspark_launch import serving_flags
+from dspark_launch import link_check, serving_flags
 from dspark_launch.container_rank import ContainerRank
 from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
@@ -31,6 +32,8 @@ SELFTEST_MODULE = "tools.gpu_selftest"
 SELFTEST_TIMEOUT_S = 1800
 DRY_START = REPO_ROOT / "tools" / "dry_start" / "engine.py"
 DRY_START_TIMEOUT_S = 900
+# The two ranks' collective: seconds to meet and finish once both Pythons run.
+LINK_TIMEOUT_S = 60
 
 
 class Launcher:
@@ -76,6 +79,8 @@ class Launcher:
         if self.profile.nccl_roce:
             self._step("NCCL_IB_GID_INDEX per node")
             gids = {role: rank.shell.gid_index() for role, rank in self.ranks.items()}
+        if self.profile.nodes == 2:
+            self._join_nodes(gids)
         return gids
 
     def _check_images(self) -> None:
@@ -178,6 +183,40 @@ class Launcher:
             raise LaunchError(
                 f"vLLM refuses to start on {', '.join(refused)} (its reason above); fix the "
                 "profile (docs/dry-start.md)"
+            )
+
+    def _join_nodes(self, gids: dict[str, str]) -> None:
+        """Both ranks all-reduce over the link the serving ranks will use, with their
+        environment (link_check.py), before any weights load; a link that fails or is too slow
+        stops here."""
+        address = f"{self.site.head.address}:{self.site.master_port}"
+        self._step(f"join both nodes at {address} with one collective (no weights loaded)")
+
+        def join(rank: Rank) -> dict:
+            plan = plan_node(self.profile, self.site, rank.node, gids[rank.node.role] or None)
+            env = {k: v for k, v in plan.env.items() if k not in plan.secret_keys}
+            args = ["--join", address, "--node-rank", str(rank.node.rank)]
+            args += ["--timeout-s", str(LINK_TIMEOUT_S)]
+            python = rank.link_python(env)
+            # The rank's Python starts (an image, torch) before the collective's clock runs.
+            timeout_s = LINK_TIMEOUT_S + 120
+            return rank.shell.run_script(link_check.__file__, args, python, timeout_s=timeout_s)
+
+        ranks = list(self.ranks.values())
+        if self.runner.dry_run:  # the commands in order; nothing meets
+            for rank in ranks:
+                join(rank)
+            return
+        with ThreadPoolExecutor(len(ranks)) as pool:  # both ranks at once, or neither meets
+            answers = list(pool.map(join, ranks))
+        failed = [(rank, a) for rank, a in zip(ranks, answers, strict=True) if not a.get("ok")]
+        for rank, answer in zip(ranks, answers, strict=True):
+            self.runner.say(f"    {rank.label}: {answer.get('detail')}")
+        if failed:
+            rank, answer = failed[0]
+            raise LaunchError(
+                f"the nodes do not join at {address}: {rank.label}: {answer.get('detail')}; "
+                "check the link between them (docs/two-node-launch.md)"
             )
 
     def _run_selftest(self) -> None:

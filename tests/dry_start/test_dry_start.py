@@ -118,11 +118,10 @@ REFUSED = {
         "flashinfer_b12x",
         "serve_args --moe-backend",
     ),
-    # A capture size vLLM rewrites: 36 (the widest decode step, 6 requests x (5 + 1)) is cut to
-    # 32 on vLLM's capture grid, and the spec-decode rounding then keeps [6, 12, 18, 24].
+    # Capture sizes below the widest decode step, 6 requests x (5 + 1) = 36 tokens.
     "capture-size": (
-        {"serve_args": [("--compilation-config", '{"max_cudagraph_capture_size": 36}')]},
-        "Truncating max_cudagraph_capture_size to 32",
+        {"serve_args": [("--compilation-config", '{"cudagraph_capture_sizes": [6, 12, 18, 24]}')]},
+        "below the widest decode step",
         "serve_args --compilation-config",
     ),
 }

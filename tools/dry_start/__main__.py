@@ -149,7 +149,8 @@ def main(argv: list[str]) -> int:
 
         def start() -> engine.Report:
             engine.install_platform(table.install(device, wheel))
-            return engine.run(args, options.rank, lambda: (device.memory_bytes,) * 2)
+            free = engine.FreeMemoryCases(device.free_memory_cases(), table.answer_free)
+            return engine.run(args, options.rank, free)
 
         return engine.report_and_exit(start, options.json)
 

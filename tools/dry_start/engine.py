@@ -60,6 +60,7 @@ PROFILE_FIELDS = {
     "block_size": "serve_args --block-size",
     "block-size": "serve_args --block-size",
     "gpu_memory_utilization": "serve_args --gpu-memory-utilization",
+    "utilization": "serve_args --gpu-memory-utilization",  # vLLM's "GPU memory utilization"
     "tensor_parallel_size": "tensor_parallel_size",
     "quantization": "serve_args --quantization",
     "attention_backend": "serve_args --attention-backend",
@@ -197,12 +198,31 @@ def create_config(args: argparse.Namespace):
     return engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER, headless=args.headless)
 
 
-def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None) -> dict[str, type]:
+@dataclass
+class FreeMemoryCases:
+    """Free memory figures to start at where the device is a table's: (label, bytes), the first
+    deciding whether the rank starts, and how to make the device report one."""
+
+    cases: list[tuple[str, int]]
+    report: Callable[[int], None]
+
+
+@dataclass
+class MemoryCase:
+    """vLLM's `request_memory` at one free memory figure: what it requests, or its refusal."""
+
+    label: str
+    free: int
+    requested: int | None
+    refusal: str | None
+
+
+def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, type]:
     """vLLM's loader, worker and executor, each with only the device part replaced.
 
     Defined after vLLM is imported (the caller sets the rank's environment first) and published
     on this module, because vLLM resolves the worker class by its qualified name.
-    `device_memory` answers (free, total) bytes where there is no device to ask.
+    `free_cases` are the free memory figures to measure where the device is a table's.
     """
     import torch
     import torch.distributed as dist
@@ -255,13 +275,21 @@ def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None)
             init_worker_distributed_environment(
                 self.vllm_config, self.rank, "env://", self.local_rank, "fake"
             )
-            if device_memory is None:  # the node's own device, measured as vLLM measures it
-                snapshot = MemorySnapshot(device=torch.device(current_platform.device_type, 0))
-            else:
-                snapshot = MemorySnapshot(device=self.device, auto_measure=False)
-                snapshot.free_memory, snapshot.total_memory = device_memory()
-            self.init_snapshot = snapshot
-            self.requested_memory = request_memory(snapshot, self.cache_config)
+            device = torch.device(current_platform.device_type, 0)
+            cases = free_cases.cases if free_cases else [("measured", None)]
+            self.memory_cases = []
+            for label, free in cases:  # each measured and checked by vLLM's own functions
+                if free_cases is not None and free is not None:
+                    free_cases.report(free)
+                snapshot = MemorySnapshot(device=device)
+                try:
+                    case = MemoryCase(label, snapshot.free_memory, request_memory(snapshot, self.cache_config), None)
+                except ValueError as error:
+                    case = MemoryCase(label, snapshot.free_memory, None, str(error))
+                self.memory_cases.append(case)
+                if len(self.memory_cases) == 1:
+                    self.init_snapshot = snapshot
+            self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
             self._init_workspace_and_model_runner()
 
         @override
@@ -394,7 +422,7 @@ def install_platform(base: type | None = None) -> None:
     vllm.platforms.current_platform = DryStartPlatform()
 
 
-def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
+def run(serve_args: list[str], rank: int, free_cases: FreeMemoryCases | None = None) -> Report:
     """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
     `install_platform` first."""
     report = Report(rank)
@@ -413,7 +441,7 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
         with step("config"):
             config = create_config(args)
         describe_config(report, config)
-        start_engine(report, config, rank, device_memory)
+        start_engine(report, config, rank, free_cases)
         if report.not_run is None:  # the sizes below are the runner's final ones
             with step("graphs"):
                 check_widest_decode_batch(config, warning_log.messages)
@@ -425,7 +453,7 @@ def run(serve_args: list[str], rank: int, device_memory=None) -> Report:
     return report
 
 
-def start_engine(report: Report, config, rank: int, device_memory) -> None:
+def start_engine(report: Report, config, rank: int, free_cases: FreeMemoryCases | None) -> None:
     """vLLM's engine core for `config`, this rank's worker in it."""
     from vllm.triton_utils import HAS_TRITON
     from vllm.v1.engine.core import EngineCore
@@ -436,7 +464,7 @@ def start_engine(report: Report, config, rank: int, device_memory) -> None:
             "the node's dry start (preflight) runs the rest"
         )
         return
-    classes = vllm_classes(rank, device_memory)
+    classes = vllm_classes(rank, free_cases)
     skip_draft_weights()
     config.parallel_config.worker_cls = f"{__name__}.DryWorker"
     config.load_config.load_format = DRY_LOAD_FORMAT
@@ -611,6 +639,7 @@ def describe_memory(report: Report, config, worker, runner) -> None:
     decide("target weights", _gib(sum(target.values())))
     decide("draft weights and every buffer", _gib(memory["held"] - sum(target.values())))
     decide("KV budget (activation peak not measured)", _gib(memory["requested"] - memory["held"]))
+    describe_free_memory(report, config, worker, memory["held"])
     report.decide("kv cache", "layout", cache.kv_cache_layout)
     for group in kv.kv_cache_groups:
         spec = group.kv_cache_spec
@@ -626,6 +655,30 @@ def describe_memory(report: Report, config, worker, runner) -> None:
         f"max concurrency at {config.model_config.max_model_len:,} tokens",
         f"{cache.kv_cache_max_concurrency:.2f}",
     )
+
+
+def describe_free_memory(report: Report, config, worker, held: int) -> None:
+    """vLLM's verdict at each free memory figure the rank was measured at: the KV budget and
+    the concurrency it leaves, and on a unified-memory device what stays for the host."""
+    from vllm.platforms import current_platform
+
+    cache = config.cache_config
+    unified = current_platform.is_integrated_gpu(0)
+    for case in worker.memory_cases:
+        name = f"at {_gib(case.free)} free ({case.label})"
+        if case.requested is None:
+            report.decide("memory", name, f"refused: {case.refusal}")
+            continue
+        budget = case.requested - held
+        verdict = f"starts, KV budget {_gib(budget)}"
+        if case.requested == worker.requested_memory:  # the budget the engine sized the cache for
+            verdict += (
+                f", max concurrency at {config.model_config.max_model_len:,} tokens "
+                f"{cache.kv_cache_max_concurrency:.2f}"
+            )
+        if unified:
+            verdict += f", {_gib(case.free - case.requested)} left for the host"
+        report.decide("memory", name, verdict)
 
 
 def describe_graphs(report: Report, config, runner) -> None:
