@@ -5,6 +5,9 @@ targets, and a profile vLLM refuses stops with vLLM's own message naming the pro
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +84,11 @@ def test_spark_decisions_on_gb10(dry_start):
     assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
     assert made[("draft", "proposer")] == "DSparkRingProposer"
     assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+    # vLLM's own integrated-GPU rule at the free memory Spark owners report at boot.
+    assert made[("memory", "device memory")] == "121.69 GiB"
+    for case in ("101.30 GiB free (worst)", "101.80 GiB free (typical)"):
+        assert made[("memory", f"at {case}")].startswith("starts, KV budget "), case
+        assert "left for the host" in made[("memory", f"at {case}")]
 
 
 @pytest.mark.multiproc
@@ -118,6 +126,13 @@ REFUSED = {
         "flashinfer_b12x",
         "serve_args --moe-backend",
     ),
+    # The utilization the profile shipped with: vLLM's integrated-GPU rule (free memory from
+    # psutil, `request_memory`) refuses it on a GB10 with the lowest free memory reported.
+    "memory": (
+        {"serve_args": [("--gpu-memory-utilization", "0.835")]},
+        "less than desired GPU memory utilization (0.835, 101.61 GiB)",
+        "serve_args --gpu-memory-utilization",
+    ),
     # Capture sizes below the widest decode step, 6 requests x (5 + 1) = 36 tokens.
     "capture-size": (
         {"serve_args": [("--compilation-config", '{"cudagraph_capture_sizes": [6, 12, 18, 24]}')]},
@@ -137,6 +152,29 @@ def test_refused_profile_stops_with_vllms_message_as_the_last_line(dry_start, tm
     assert lines[-1].startswith("REFUSED at ") and message in lines[-1], lines[-1]
     named = lines[-1].rsplit("(profile: ", 1)[1].split(";")[0]
     assert field in named, named
+
+
+@pytest.mark.multiproc
+def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033):
+    """The graph plan is read from the proposer's objects: a proposer that plans from the
+    capture sizes before vLLM's spec-decode rounding leaves 3-request batches (18 tokens, a
+    target FULL graph) without a draft graph, and the dry start stops there. Control: the same
+    profile and device start (`test_shipped_profile_starts_on_its_device`)."""
+    result = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("unrounded_draft_plan.py"))]
+        + ["--profile", SPARK, "--device", "gb10"],
+        cwd=REPO,
+        env={**vllm_033, "PYTHONPATH": f"{vllm_033['PYTHONPATH']}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    last = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert last.startswith("REFUSED at graphs: ") and "batches of [3] requests" in last, last
+    _, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--json")
+    assert decisions(report)[("graphs", "draft FULL (requests)")] == "[1, 2, 3, 4, 6]"
 
 
 def test_refusal_names_the_field_vllm_names():

@@ -474,6 +474,8 @@ def start_engine(report: Report, config, rank: int, free_cases: FreeMemoryCases 
         describe_engine(report, config, core)
     except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
         report.warnings.append(f"the report stops short: {error}")
+    with step("graphs"):
+        check_draft_graphs(core.model_executor.driver_worker.worker.model_runner)
 
 
 def describe_config(report: Report, config) -> None:
@@ -690,13 +692,66 @@ def describe_graphs(report: Report, config, runner) -> None:
     for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
         sizes = sorted({d.num_tokens for d in descriptors})
         report.decide("graphs", f"target {mode.name} captures (tokens)", sizes)
-    speculative = config.speculative_config
-    if speculative is not None and speculative.use_dspark():
-        from vllm.v1.spec_decode.dspark.cudagraph import capture_plan
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
+        return
+    runner_modes = {mode for mode, _ in runner.cudagraph_dispatcher.get_capture_descs()}
+    forward = sorted(
+        {
+            d.num_tokens
+            for mode, descriptors in drafter.cudagraph_dispatcher.get_capture_descs()
+            if mode in runner_modes  # the runner captures the drafter's keys in its passes
+            for d in descriptors
+        }
+    )
+    report.decide("graphs", "draft forward PIECEWISE (tokens)", forward)
+    graphs = draft_graphs(drafter)
+    report.decide("graphs", "draft FULL (requests)", list(graphs.sizes) if graphs else [])
+    if graphs is not None:
+        report.decide("graphs", "draft FULL variants", ", ".join(graphs.variants))
 
-        plan = capture_plan(config)
-        report.decide("graphs", "draft forward PIECEWISE (tokens)", list(plan.draft_forward))
-        report.decide("graphs", "draft FULL (requests)", list(plan.draft_requests))
+
+def draft_graphs(drafter):
+    """The FULL graphs a DSpark proposer built for its draft step (the ring proposer's
+    `draft_graphs`, the paged proposer's `chain_graphs`), else None."""
+    return getattr(drafter, "draft_graphs", None) or getattr(drafter, "chain_graphs", None)
+
+
+class UngraphedDraftStep(ValueError):
+    """A decode batch the target replays as a FULL graph drafts without one."""
+
+    fix = (
+        "the proposer must plan its draft graphs from the runner's final capture sizes "
+        "(in initialize_cudagraph_keys, after vLLM's spec-decode rounding)"
+    )
+
+
+def check_draft_graphs(runner) -> None:
+    """Refuse a draft whose FULL graphs miss a request count the target's FULL graphs hold:
+    a decode batch padded to that target graph would draft eagerly. Both plans are read from
+    the objects the runner and the proposer built."""
+    from vllm.config import CUDAGraphMode
+
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
+        return
+    if not hasattr(drafter, "draft_graphs") and not hasattr(drafter, "chain_graphs"):
+        return  # not a DSpark proposer
+    held = {
+        d.num_reqs
+        for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs()
+        if mode == CUDAGraphMode.FULL
+        for d in descriptors
+        if d.uniform and d.num_reqs
+    }
+    graphs = draft_graphs(drafter)
+    missing = sorted(held - set(graphs.sizes if graphs else ()))
+    if missing:
+        raise UngraphedDraftStep(
+            f"the target's FULL decode graphs hold {sorted(held)} requests, the draft's FULL "
+            f"graphs {list(graphs.sizes) if graphs else []}: batches of {missing} requests "
+            "would draft without a graph"
+        )
 
 
 class UncoveredDecodeBatch(ValueError):
