@@ -130,6 +130,15 @@ class Profile:
     lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane()})
     compute_capability: tuple[str, ...] = ()
 
+    def serve_arg(self, flag: str) -> str | None:
+        """The value `serve_args` gives `flag` (`--flag=value` or `--flag value`), else None."""
+        for index, arg in enumerate(self.serve_args):
+            if arg.startswith(f"{flag}="):
+                return arg.split("=", 1)[1]
+            if arg == flag and index + 1 < len(self.serve_args):
+                return self.serve_args[index + 1]
+        return None
+
     @property
     def uses_hub_snapshot(self) -> bool:
         return not self.model.startswith("/")
