@@ -126,13 +126,6 @@ REFUSED = {
         "flashinfer_b12x",
         "serve_args --moe-backend",
     ),
-    # The utilization the profile shipped with: vLLM's integrated-GPU rule (free memory from
-    # psutil, `request_memory`) refuses it on a GB10 with the lowest free memory reported.
-    "memory": (
-        {"serve_args": [("--gpu-memory-utilization", "0.835")]},
-        "less than desired GPU memory utilization (0.835, 101.61 GiB)",
-        "serve_args --gpu-memory-utilization",
-    ),
     # Capture sizes below the widest decode step, 6 requests x (5 + 1) = 36 tokens.
     "capture-size": (
         {"serve_args": [("--compilation-config", '{"cudagraph_capture_sizes": [6, 12, 18, 24]}')]},
@@ -147,7 +140,7 @@ REFUSED = {
 def test_refused_profile_stops_with_vllms_message_as_the_last_line(dry_start, tmp_path, case):
     changes, message, field = REFUSED[case]
     profile = bad_profile(tmp_path, case, **changes)
-    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10")
+    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10", "--rank", "0")
     assert rc == 1
     assert lines[-1].startswith("REFUSED at ") and message in lines[-1], lines[-1]
     named = lines[-1].rsplit("(profile: ", 1)[1].split(";")[0]
@@ -175,6 +168,55 @@ def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033)
     assert last.startswith("REFUSED at graphs: ") and "batches of [3] requests" in last, last
     _, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--json")
     assert decisions(report)[("graphs", "draft FULL (requests)")] == "[1, 2, 3, 4, 6]"
+
+
+SITE = {
+    "profile": SPARK,
+    "mode": "docker",
+    "image": "ghcr.io/example/dspark-vllm-spark@sha256:" + "1" * 64,
+    "ports": {"api": 8888, "master": 25000},
+    "head": {
+        "address": "10.10.0.1",
+        "nccl_ib_hca": "rocep1s0f1",
+        "nccl_socket_ifname": "enp1s0f1np1",
+        "hf_home": "/srv/hf",
+        "state_dir": "/var/lib/dspark",
+    },
+    "worker": {
+        "ssh": "dgx@spark-b",
+        "address": "10.10.0.2",
+        "nccl_ib_hca": "rocep1s0f1",
+        "nccl_socket_ifname": "enp1s0f1np1",
+        "hf_home": "/srv/hf",
+        "state_dir": "/var/lib/dspark",
+    },
+}
+
+
+@pytest.mark.multiproc
+def test_default_output_is_both_ranks_summaries_on_the_sites_addresses(dry_start, tmp_path):
+    """Without --rank or --json: the summary of each rank of the two-node profile, on the site
+    file's addresses, vLLM's logs in files; here both ranks refused by vLLM's memory rule (the
+    utilization the profile shipped with, on a GB10 with the lowest free memory reported)."""
+    profile = bad_profile(tmp_path, "memory", serve_args=[("--gpu-memory-utilization", "0.835")])
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({**SITE, "profile": str(profile)}))
+    site.chmod(0o600)
+    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10", "--site", str(site))
+    assert rc == 1
+    assert lines[0].startswith("vLLM's logs: ") and lines[0].count("dspark-dry-start-") == 2
+    assert "rank 0: head at 10.10.0.1, master 10.10.0.1:25000" in lines
+    assert "rank 1: worker at 10.10.0.2, master 10.10.0.1:25000, over ssh dgx@spark-b" in lines
+    serve = [line for line in lines if line.strip().startswith("args  vllm serve:")]
+    assert len(serve) == 2 and all("--master-addr 10.10.0.1" in line for line in serve)
+    assert "--headless" in serve[1] and "--headless" not in serve[0]
+    refused = [line for line in lines if line.startswith("REFUSED at engine: Free memory")]
+    assert len(refused) == 2 and lines[-1] == refused[1]
+    assert "(101.3/121.69 GiB) on startup is less than desired GPU memory utilization (0.835, " in (
+        refused[0]
+    )
+    assert "(profile: serve_args --gpu-memory-utilization; " in refused[0]
+    assert not [line for line in lines if " INFO " in line or " WARNING " in line]  # vLLM's
 
 
 def test_refusal_names_the_field_vllm_names():
