@@ -154,8 +154,11 @@ def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033)
     target FULL graph) without a draft graph, and the dry start stops there. Control: the same
     profile and device start (`test_shipped_profile_starts_on_its_device`)."""
     result = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("unrounded_draft_plan.py"))]
-        + ["--profile", SPARK, "--device", "gb10"],
+        [
+            sys.executable,
+            str(Path(__file__).with_name("unrounded_draft_plan.py")),
+            *("--profile", SPARK, "--device", "gb10"),
+        ],
         cwd=REPO,
         env={**vllm_033, "PYTHONPATH": f"{vllm_033['PYTHONPATH']}{os.pathsep}{REPO}"},
         capture_output=True,
@@ -212,8 +215,9 @@ def test_default_output_is_both_ranks_summaries_on_the_sites_addresses(dry_start
     assert "--headless" in serve[1] and "--headless" not in serve[0]
     refused = [line for line in lines if line.startswith("REFUSED at engine: Free memory")]
     assert len(refused) == 2 and lines[-1] == refused[1]
-    assert "(101.3/121.69 GiB) on startup is less than desired GPU memory utilization (0.835, " in (
-        refused[0]
+    assert (
+        "(101.3/121.69 GiB) on startup is less than desired GPU memory utilization (0.835, "
+        in (refused[0])
     )
     assert "(profile: serve_args --gpu-memory-utilization; " in refused[0]
     assert not [line for line in lines if " INFO " in line or " WARNING " in line]  # vLLM's

@@ -29,7 +29,8 @@ def plan_before_rounding() -> None:
 
     def unrounded(vllm_config, cudagraph_mode, on_cuda):
         compilation = vllm_config.compilation_config
-        final, compilation.cudagraph_capture_sizes = compilation.cudagraph_capture_sizes, before["sizes"]
+        final = compilation.cudagraph_capture_sizes
+        compilation.cudagraph_capture_sizes = before["sizes"]
         try:
             return plan(vllm_config, cudagraph_mode, on_cuda)
         finally:

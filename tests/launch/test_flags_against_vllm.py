@@ -123,7 +123,8 @@ def guard(tmp_path: Path, serve_args: list[str]) -> str | None:
 @pytest.mark.parametrize("spelling", CAPTURE_SPELLINGS, ids=" ".join)
 def test_capture_maximum_in_every_spelling_is_refused(serve_parser, tmp_path, spelling):
     read = serve_parser.parse_args(["m", *spelling])
-    assert 36 in (read.max_cudagraph_capture_size, read.compilation_config.max_cudagraph_capture_size)
+    compilation = read.compilation_config
+    assert 36 in (read.max_cudagraph_capture_size, compilation.max_cudagraph_capture_size)
     refused = guard(tmp_path, spelling)
     assert refused and "\n" not in refused, refused
     assert "which the launcher sets from (left to vLLM's default" in refused

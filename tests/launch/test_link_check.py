@@ -47,9 +47,7 @@ def local_launcher(tmp_path: Path, out: io.StringIO, address: str = "127.0.0.1")
     return Launcher(site, load_profile(PROFILES_DIR / "cpu-tiny.yaml"), Runner(out=out))
 
 
-def test_two_local_ranks_join_over_gloo_and_a_wrong_address_stops_preflight(
-    tmp_path, monkeypatch
-):
+def test_two_local_ranks_join_over_gloo_and_a_wrong_address_stops_preflight(tmp_path, monkeypatch):
     out = io.StringIO()
     local_launcher(tmp_path / "good", out)._join_nodes({"head": "", "worker": ""})
     said = out.getvalue()

@@ -21,8 +21,8 @@ import pytest
 from installer.vllm_tree import locate
 from tools.gpu_selftest import __main__ as selftest
 from tools.gpu_selftest import engines, memory, rms_norm
-from tools.gpu_selftest.draft_steps import DraftSteps, eager_steps
 from tools.gpu_selftest.architectures import arch_verdict, parse_cuobjdump
+from tools.gpu_selftest.draft_steps import DraftSteps, eager_steps
 from tools.gpu_selftest.graph_events import GraphEvents
 from tools.gpu_selftest.report import FAILED, PASSED, SKIPPED, Check, Outcome
 from tools.gpu_selftest.ring import check_ring
@@ -65,8 +65,7 @@ def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     assert report["returncode"] == selftest.NO_GPU == 3, report["verdict"]
     assert report["ok"] is False and report["gpu"] is False
     assert report["verdict"] == (
-        "NO GPU: nothing proved on a GPU (4 passed on this CPU, 4 skipped); run it where the "
-        "GPU is"
+        "NO GPU: nothing proved on a GPU (4 passed on this CPU, 4 skipped); run it where the GPU is"
     )
     for name in ("device", "deferred_copy"):
         assert checks[name]["status"] == "skipped" and checks[name]["detail"] == "needs CUDA"
@@ -211,8 +210,7 @@ def test_a_healthy_cuda_run_passes_and_prints_the_capture_plan(on_cuda):
     assert "capture plan: target FULL_AND_PIECEWISE [1, 2, 4], draft {" in outcome.detail
     assert "sampled drafts are not replayed from graphs in this build" in outcome.detail
     assert (
-        "every draft step replayed a FULL graph: greedy at [1, 4] requests, sampled at [4] "
-        "requests"
+        "every draft step replayed a FULL graph: greedy at [1, 4] requests, sampled at [4] requests"
     ) in outcome.detail
 
 

@@ -33,8 +33,7 @@ from dspark_launch.errors import ConfigError  # noqa: E402
 from dspark_launch.lanes import LANES, V1, runner_env  # noqa: E402
 from dspark_launch.profile import Profile, load_profile, resolve_profile_path  # noqa: E402
 from dspark_launch.render import serve_args  # noqa: E402
-from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site  # noqa: E402
-from dspark_launch.site import load_site  # noqa: E402
+from dspark_launch.site import HEAD, WORKER, Node, Secrets, Site, load_site  # noqa: E402
 from tools.dry_start import checkpoints, engine, environment, summary, table  # noqa: E402
 from tools.dry_start.engine import finish  # noqa: E402
 

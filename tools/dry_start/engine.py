@@ -282,10 +282,12 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
                 if free_cases is not None and free is not None:
                     free_cases.report(free)
                 snapshot = MemorySnapshot(device=device)
+                free = snapshot.free_memory
                 try:
-                    case = MemoryCase(label, snapshot.free_memory, request_memory(snapshot, self.cache_config), None)
+                    requested = request_memory(snapshot, self.cache_config)
+                    case = MemoryCase(label, free, requested, None)
                 except ValueError as error:
-                    case = MemoryCase(label, snapshot.free_memory, None, str(error))
+                    case = MemoryCase(label, free, None, str(error))
                 self.memory_cases.append(case)
                 if len(self.memory_cases) == 1:
                     self.init_snapshot = snapshot

@@ -70,8 +70,7 @@ class DraftSteps:
 def eager_steps(steps: list[dict]) -> list[str]:
     """The batches whose draft steps ran without a FULL graph, in words."""
     return [
-        f"{s['steps'] - s['full']} of {s['steps']} {s['variant']} steps of {s['requests']} "
-        "requests"
+        f"{s['steps'] - s['full']} of {s['steps']} {s['variant']} steps of {s['requests']} requests"
         for s in steps
         if s["full"] < s["steps"]
     ]
