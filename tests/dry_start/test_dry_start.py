@@ -173,26 +173,13 @@ def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033)
     assert decisions(report)[("graphs", "draft FULL (requests)")] == "[1, 2, 3, 4, 6]"
 
 
+PATHS = {"hf_home": "/srv/hf", "state_dir": "/var/lib/dspark"}
 SITE = {
-    "profile": SPARK,
     "mode": "docker",
     "image": "ghcr.io/example/dspark-vllm-spark@sha256:" + "1" * 64,
     "ports": {"api": 8888, "master": 25000},
-    "head": {
-        "address": "10.10.0.1",
-        "nccl_ib_hca": "rocep1s0f1",
-        "nccl_socket_ifname": "enp1s0f1np1",
-        "hf_home": "/srv/hf",
-        "state_dir": "/var/lib/dspark",
-    },
-    "worker": {
-        "ssh": "dgx@spark-b",
-        "address": "10.10.0.2",
-        "nccl_ib_hca": "rocep1s0f1",
-        "nccl_socket_ifname": "enp1s0f1np1",
-        "hf_home": "/srv/hf",
-        "state_dir": "/var/lib/dspark",
-    },
+    "head": {"address": "10.10.0.1", **PATHS},
+    "worker": {"ssh": "dgx@spark-b", "address": "10.10.0.2", **PATHS},
 }
 
 
