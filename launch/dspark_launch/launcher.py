@@ -179,6 +179,9 @@ class Launcher:
                 self.runner.say(
                     f"    {rank.label}: ok; KV cache {kv.get('tokens', '?')} tokens, {concurrency}"
                 )
+                for decision in report["decisions"]:  # vLLM's verdict at the measured free memory
+                    if decision["step"] == "memory" and decision["name"].startswith("at "):
+                        self.runner.say(f"      {decision['name']}: {decision['value']}")
         if refused:
             raise LaunchError(
                 f"vLLM refuses to start on {', '.join(refused)} (its reason above); fix the "

@@ -19,6 +19,8 @@ Replaced, because a dry start loads no weights, runs no kernel and starts one ra
 - the other ranks: PyTorch's fake process group stands in for them (collectives do nothing),
   the device communicator is vLLM's base class (no NCCL), the tensor-parallel group has no
   shared-memory broadcaster;
+- on a table device, free memory: each of the table's figures in turn (an integrated device's
+  range at boot), measured by vLLM's `MemorySnapshot` and checked by its `request_memory`;
 - the device's memory use: the profile run and the graph capture run kernels, so the KV budget
   is what the requested memory (`gpu_memory_utilization` x the device's memory, vLLM's
   `request_memory`) leaves after the weights and every buffer, an upper bound because the
@@ -217,6 +219,16 @@ class MemoryCase:
     refusal: str | None
 
 
+def memory_case(label: str, snapshot, cache_config) -> MemoryCase:
+    from vllm.v1.worker.utils import request_memory
+
+    try:
+        requested = request_memory(snapshot, cache_config)
+    except ValueError as error:
+        return MemoryCase(label, snapshot.free_memory, None, str(error))
+    return MemoryCase(label, snapshot.free_memory, requested, None)
+
+
 def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, type]:
     """vLLM's loader, worker and executor, each with only the device part replaced.
 
@@ -275,22 +287,17 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
             init_worker_distributed_environment(
                 self.vllm_config, self.rank, "env://", self.local_rank, "fake"
             )
+            # The node's device as vLLM measures it, or each of the table's figures in turn;
+            # vLLM's own functions measure (on an integrated GPU, the host's available memory)
+            # and decide. The first decides whether the rank starts.
             device = torch.device(current_platform.device_type, 0)
-            cases = free_cases.cases if free_cases else [("measured", None)]
-            self.memory_cases = []
-            for label, free in cases:  # each measured and checked by vLLM's own functions
-                if free_cases is not None and free is not None:
+            snapshots = []
+            for label, free in free_cases.cases if free_cases else [("measured", 0)]:
+                if free_cases is not None:
                     free_cases.report(free)
-                snapshot = MemorySnapshot(device=device)
-                free = snapshot.free_memory
-                try:
-                    requested = request_memory(snapshot, self.cache_config)
-                    case = MemoryCase(label, free, requested, None)
-                except ValueError as error:
-                    case = MemoryCase(label, free, None, str(error))
-                self.memory_cases.append(case)
-                if len(self.memory_cases) == 1:
-                    self.init_snapshot = snapshot
+                snapshots.append((label, MemorySnapshot(device=device)))
+            self.memory_cases = [memory_case(label, s, self.cache_config) for label, s in snapshots]
+            self.init_snapshot = snapshots[0][1]
             self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
             self._init_workspace_and_model_runner()
 
