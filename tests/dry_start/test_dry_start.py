@@ -157,7 +157,7 @@ def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033)
         [
             sys.executable,
             str(Path(__file__).with_name("unrounded_draft_plan.py")),
-            *("--profile", SPARK, "--device", "gb10"),
+            *("--profile", SPARK, "--device", "gb10", "--rank", "0"),
         ],
         cwd=REPO,
         env={**vllm_033, "PYTHONPATH": f"{vllm_033['PYTHONPATH']}{os.pathsep}{REPO}"},
