@@ -55,6 +55,12 @@ class ContainerRank(Rank):
             self.image,
         ]
 
+    def link_python(self, env: dict[str, str]) -> list[str]:
+        *run, image = self.runtime_python
+        devices = ["--network", "host", "--ipc", "host", "--ulimit", "memlock=-1"]
+        devices += ["--device", "/dev/infiniband"] if "NCCL_IB_HCA" in env else []
+        return [*run, *devices, *(f"--env={name}={value}" for name, value in env.items()), image]
+
     @property
     def runtime_hf_home(self) -> str:
         return "/hf"

@@ -74,6 +74,11 @@ class Rank(ABC):
         """`runtime_python` started in the project root (the image's, or this checkout), so
         that `-m tools.gpu_selftest` runs the project's modules with the serving vLLM."""
 
+    def link_python(self, env: dict[str, str]) -> list[str]:
+        """`runtime_python` with the serving rank's `env` (no secrets), network and devices:
+        what the two-node link check runs in."""
+        return ["env", *(f"{name}={value}" for name, value in env.items()), *self.runtime_python]
+
     @abstractmethod
     def state(self) -> RankState:
         """Whether the rank runs; "absent" when nothing of it is left."""

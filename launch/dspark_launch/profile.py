@@ -62,6 +62,9 @@ FLAG_ALIASES = {
 # vLLM's serve parser prints its help and exits on these (`--help=TOPIC` included): the rank
 # would exit at once, successfully, without serving.
 EXITING_FLAGS = {"--help": "--help", "-h": "--help"}
+# Keys of `--compilation-config` the launcher owns -> the managed flag that sets them too.
+COMPILATION_KEYS = {"max_cudagraph_capture_size": "--max-cudagraph-capture-size"}
+COMPILATION_CONFIG = "--compilation-config"
 # Env the launcher sets per node or from secrets; a profile must not pin them.
 MANAGED_ENV = (
     "VLLM_HOST_IP",
@@ -130,6 +133,15 @@ class Profile:
     lanes: dict[str, Lane] = field(default_factory=lambda: {V1: Lane()})
     compute_capability: tuple[str, ...] = ()
 
+    def serve_arg(self, flag: str) -> str | None:
+        """The value `serve_args` gives `flag` (`--flag=value` or `--flag value`), else None."""
+        for index, arg in enumerate(self.serve_args):
+            if arg.startswith(f"{flag}="):
+                return arg.split("=", 1)[1]
+            if arg == flag and index + 1 < len(self.serve_args):
+                return self.serve_args[index + 1]
+        return None
+
     @property
     def uses_hub_snapshot(self) -> bool:
         return not self.model.startswith("/")
@@ -154,14 +166,48 @@ def _parsed_as(arg: str, options: dict[str, str]) -> str | None:
     `=value`, and a two-character short option takes its value attached (`-n2`)."""
     if not arg.startswith("-") or arg in ("-", "--"):
         return None
-    name = arg.split("=", 1)[0]
+    name = arg.split("=", 1)[0].split(".", 1)[0]
     if name.startswith("--"):
-        name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+        name = "--" + name[2:].replace("_", "-")
     for option, flag in options.items():
         prefix = name.startswith("--") == option.startswith("--") and option.startswith(name)
         attached = not name.startswith("--") and len(option) == 2 and name[:2] == option
         if prefix or attached:
             return flag
+    return None
+
+
+def _json_keys(value: str | None) -> set[str]:
+    try:
+        parsed = json.loads(value or "")
+    except ValueError:
+        return set()
+    return set(parsed) if isinstance(parsed, dict) else set()
+
+
+def managed_compilation_key(arg: str, following: str | None) -> tuple[str, str] | None:
+    """(key, managed flag) when `arg` (its value attached or `following`) sets a
+    `--compilation-config` key the launcher owns, else None.
+
+    vLLM's parser reads `--compilation-config` (any prefix, underscores for dashes) and `-cc`
+    with JSON as `=value` or the next argument, and `--compilation-config.key`/`-cc.key` (a
+    `+` suffix appends) with the key's value."""
+    name, has_value, attached = arg.partition("=")
+    option, dotted, key = name.partition(".")
+    if option.startswith("--"):
+        option = "--" + option[2:].replace("_", "-")
+        if len(option) < 4 or not COMPILATION_CONFIG.startswith(option):
+            return None
+    elif option != "-cc":
+        return None
+    if dotted:
+        keys = {key.split(".", 1)[0].removesuffix("+")}
+    else:
+        keys = _json_keys(attached if has_value else following)
+    for key in sorted(keys):
+        flag = COMPILATION_KEYS.get(key.replace("-", "_"))
+        if flag is not None:
+            return key, flag
     return None
 
 
@@ -200,7 +246,7 @@ def load_profile(path: Path) -> Profile:
         raise spec.error("num_speculative_tokens", "required when method is dspark")
     spec.finish()
     serve_args = top.string_list("serve_args")
-    for arg in serve_args:
+    for index, arg in enumerate(serve_args):
         flag = managed_flag(arg)
         if flag:
             raise top.error(
@@ -214,6 +260,14 @@ def load_profile(path: Path) -> Profile:
                 "serve_args",
                 f"{shown(arg)} makes vLLM's parser print its help and exit instead of serving; "
                 "remove it",
+            )
+        owned = managed_compilation_key(arg, next(iter(serve_args[index + 1 :]), None))
+        if owned:
+            key, flag = owned
+            raise top.error(
+                "serve_args",
+                f"{shown(arg.split('=', 1)[0].split('.', 1)[0])} sets {key}, which the "
+                f"launcher sets from {MANAGED_FLAGS[flag]}",
             )
     env = top.string_map("env")
     for name in env:

@@ -5,6 +5,9 @@ targets, and a profile vLLM refuses stops with vLLM's own message naming the pro
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +89,11 @@ def test_spark_decisions_on_gb10(dry_start):
     assert "fp8_ds_mla KV" in made[("model", "attention DeepseekV4FlashInferSM120Attention x20")]
     assert made[("draft", "proposer")] == "DSparkRingProposer"
     assert made[("graphs", "cudagraph mode")] == "FULL_AND_PIECEWISE"
+    # vLLM's own integrated-GPU rule at the free memory Spark owners report at boot.
+    assert made[("memory", "device memory")] == "121.69 GiB"
+    for case in ("101.30 GiB free (worst)", "101.80 GiB free (typical)"):
+        assert made[("memory", f"at {case}")].startswith("starts, KV budget "), case
+        assert "left for the host" in made[("memory", f"at {case}")]
     # The kernels, from the fat binaries of the arm64 image's wheel.
     assert "aarch64" in made[("kernels", "read from")]
     assert made[("kernels", "experts_cls MarlinExperts x89")].startswith("native: vllm/_moe_C")
@@ -154,11 +162,10 @@ REFUSED = {
         "flashinfer_b12x",
         "serve_args --moe-backend",
     ),
-    # A capture size vLLM rewrites: 36 (the widest decode step, 6 requests x (5 + 1)) is cut to
-    # 32 on vLLM's capture grid, and the spec-decode rounding then keeps [6, 12, 18, 24].
+    # Capture sizes below the widest decode step, 6 requests x (5 + 1) = 36 tokens.
     "capture-size": (
-        {"serve_args": [("--compilation-config", '{"max_cudagraph_capture_size": 36}')]},
-        "Truncating max_cudagraph_capture_size to 32",
+        {"serve_args": [("--compilation-config", '{"cudagraph_capture_sizes": [6, 12, 18, 24]}')]},
+        "below the widest decode step",
         "serve_args --compilation-config",
     ),
 }
@@ -169,11 +176,74 @@ REFUSED = {
 def test_refused_profile_stops_with_vllms_message_as_the_last_line(dry_start, tmp_path, case):
     changes, message, field = REFUSED[case]
     profile = bad_profile(tmp_path, case, **changes)
-    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10")
+    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10", "--rank", "0")
     assert rc == 1
     assert lines[-1].startswith("REFUSED at ") and message in lines[-1], lines[-1]
     named = lines[-1].rsplit("(profile: ", 1)[1].split(";")[0]
     assert field in named, named
+
+
+@pytest.mark.multiproc
+def test_a_draft_plan_made_before_vllms_rounding_is_refused(dry_start, vllm_033):
+    """The graph plan is read from the proposer's objects: a proposer that plans from the
+    capture sizes before vLLM's spec-decode rounding leaves 3-request batches (18 tokens, a
+    target FULL graph) without a draft graph, and the dry start stops there. Control: the same
+    profile and device start (`test_shipped_profile_starts_on_its_device`)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("unrounded_draft_plan.py")),
+            *("--profile", SPARK, "--device", "gb10", "--rank", "0"),
+        ],
+        cwd=REPO,
+        env={**vllm_033, "PYTHONPATH": f"{vllm_033['PYTHONPATH']}{os.pathsep}{REPO}"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    last = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert last.startswith("REFUSED at graphs: ") and "batches of [3] requests" in last, last
+    _, _, report = dry_start("--profile", SPARK, "--device", "gb10", "--json")
+    assert decisions(report)[("graphs", "draft FULL (requests)")] == "[1, 2, 3, 4, 6]"
+
+
+PATHS = {"hf_home": "/srv/hf", "state_dir": "/var/lib/dspark"}
+SITE = {
+    "mode": "docker",
+    "image": "ghcr.io/example/dspark-vllm-spark@sha256:" + "1" * 64,
+    "ports": {"api": 8888, "master": 25000},
+    "head": {"address": "10.10.0.1", **PATHS},
+    "worker": {"ssh": "dgx@spark-b", "address": "10.10.0.2", **PATHS},
+}
+
+
+@pytest.mark.multiproc
+def test_default_output_is_both_ranks_summaries_on_the_sites_addresses(dry_start, tmp_path):
+    """Without --rank or --json: the summary of each rank of the two-node profile, on the site
+    file's addresses, vLLM's logs in files; here both ranks refused by vLLM's memory rule (the
+    utilization the profile shipped with, on a GB10 with the lowest free memory reported)."""
+    profile = bad_profile(tmp_path, "memory", serve_args=[("--gpu-memory-utilization", "0.835")])
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({**SITE, "profile": str(profile)}))
+    site.chmod(0o600)
+    rc, lines, _ = dry_start("--profile", str(profile), "--device", "gb10", "--site", str(site))
+    assert rc == 1
+    assert lines[0].startswith("vLLM's logs: ") and lines[0].count("dspark-dry-start-") == 2
+    assert "rank 0: head at 10.10.0.1, master 10.10.0.1:25000" in lines
+    assert "rank 1: worker at 10.10.0.2, master 10.10.0.1:25000, over ssh dgx@spark-b" in lines
+    serve = [line for line in lines if line.strip().startswith("args  vllm serve:")]
+    assert len(serve) == 2 and all("--master-addr 10.10.0.1" in line for line in serve)
+    assert "--headless" in serve[1] and "--headless" not in serve[0]
+    refused = [line for line in lines if line.startswith("REFUSED at engine: Free memory")]
+    assert len(refused) == 2 and lines[-1] == refused[1]
+    assert (
+        "(101.3/121.69 GiB) on startup is less than desired GPU memory utilization (0.835, "
+        in (refused[0])
+    )
+    assert "(profile: serve_args --gpu-memory-utilization; " in refused[0]
+    assert not [line for line in lines if " INFO " in line or " WARNING " in line]  # vLLM's
 
 
 def test_refusal_names_the_field_vllm_names():

@@ -2,17 +2,21 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The profile's flag guard agrees with vLLM's own `vllm serve` parser: every spelling that
 parser resolves to a managed flag (prefix abbreviations, short options, `=value`, underscores,
-`--flag.key`) is refused, and no other option vLLM defines is."""
+`--flag.key`, `-cc.key` and JSON inside `--compilation-config`) is refused, and no other option
+vLLM defines is."""
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
+from launch_testlib import write_profile
 
 from dspark_launch import serving_flags
-from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, managed_flag
+from dspark_launch.errors import ConfigError
+from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, load_profile, managed_flag
 
 pytestmark = pytest.mark.each_vllm  # each version's own serve parser
 
@@ -80,3 +84,70 @@ def test_no_other_vllm_option_is_refused(serve_parser):
     assert len(others) > 300
     wrongly = [o for o in others if managed_flag(o) or managed_flag(f"{o}=1")]
     assert wrongly == []
+
+
+CAPTURE = '{"max_cudagraph_capture_size": 36}'
+# Every way vLLM's parser takes the capture maximum the launcher leaves to vLLM's default.
+CAPTURE_SPELLINGS = [
+    ["--max-cudagraph-capture-size=36"],
+    ["--max_cudagraph_capture_size", "36"],
+    ["--compilation-config", CAPTURE],
+    [f"--compilation-config={CAPTURE}"],
+    [f"--compilation_config={CAPTURE}"],
+    [f"--comp={CAPTURE}"],
+    ["-cc", CAPTURE],
+    [f"-cc={CAPTURE}"],
+    ["-cc.max_cudagraph_capture_size=36"],
+    ["-cc.max_cudagraph_capture_size", "36"],
+    ["--compilation-config.max_cudagraph_capture_size=36"],
+    ["--compilation_config.max_cudagraph_capture_size", "36"],
+]
+SPECULATIVE_SPELLINGS = [
+    ["--speculative-config", '{"method": "ngram"}'],
+    ['-sc={"method": "ngram"}'],
+    ["-sc.method=ngram"],
+    ["--speculative_config.method", "ngram"],
+]
+
+
+def guard(tmp_path: Path, serve_args: list[str]) -> str | None:
+    """The launcher's one-line refusal of a profile with `serve_args`, else None."""
+    path = write_profile(tmp_path / "p.yaml", serve_args=serve_args)
+    try:
+        load_profile(path)
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.parametrize("spelling", CAPTURE_SPELLINGS, ids=" ".join)
+def test_capture_maximum_in_every_spelling_is_refused(serve_parser, tmp_path, spelling):
+    read = serve_parser.parse_args(["m", *spelling])
+    compilation = read.compilation_config
+    assert 36 in (read.max_cudagraph_capture_size, compilation.max_cudagraph_capture_size)
+    refused = guard(tmp_path, spelling)
+    assert refused and "\n" not in refused, refused
+    assert "which the launcher sets from (left to vLLM's default" in refused
+
+
+@pytest.mark.parametrize("spelling", SPECULATIVE_SPELLINGS, ids=" ".join)
+def test_speculative_config_in_every_spelling_is_refused(serve_parser, tmp_path, spelling):
+    assert serve_parser.parse_args(["m", *spelling]).speculative_config is not None
+    refused = guard(tmp_path, spelling)
+    assert refused and "which the launcher sets from speculative" in refused, refused
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        ["-cc.cudagraph_capture_sizes=[6,12]"],  # vLLM reads it; the profile may set it
+        ["--compilation-config", '{"cudagraph_capture_sizes": [6, 12]}'],
+        # vLLM 0.32/0.33 read `-O.x` as an optimisation level, not a compilation key.
+        ["-O.max_cudagraph_capture_size=36"],
+    ],
+    ids=" ".join,
+)
+def test_compilation_keys_the_launcher_does_not_own_pass(serve_parser, tmp_path, spelling):
+    read = serve_parser.parse_args(["m", *spelling])
+    assert read.compilation_config.max_cudagraph_capture_size is None
+    assert guard(tmp_path, spelling) is None

@@ -33,6 +33,9 @@ def test_preflight_dry_starts_each_rank_with_its_own_arguments(fake_cluster, cli
     assert "head: ok; KV cache 3,020,517 tokens, max concurrency at 1,048,576 tokens 2.88" in (
         result.out
     )
+    assert (
+        "at 101.30 GiB free (measured): starts, KV budget 18.12 GiB, 3.95 GiB left for the host"
+    ) in result.out
     runs = dry_starts(fake_cluster)
     assert sorted(runs) == ["head", "worker"]
     for node, rank in (("head", "0"), ("worker", "1")):

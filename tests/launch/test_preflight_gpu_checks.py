@@ -90,5 +90,7 @@ def test_serving_flags_vllm_refuses_stop_preflight_with_its_message(fake_cluster
     assert fake_cluster.docker_runs() == []
     write_profile(Path(site["profile"]), serve_args=["--moe-backend=marlin"])
     result = cli("--site", fake_cluster.site, "preflight")
-    assert result.rc == 0, result.err
-    assert "head: ok:" in result.out  # the real self-test, on this CPU, through the pipe
+    assert "GPU self-test on both nodes" in result.out  # the flags passed
+    # The real self-test, on this CPU, through the pipe: in an image, no GPU stops preflight.
+    assert "head: NO GPU: nothing proved on a GPU" in result.out
+    assert result.rc == 1 and "GPU self-test failed on head" in result.err

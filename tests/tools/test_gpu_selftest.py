@@ -14,13 +14,15 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from installer.vllm_tree import locate
 from tools.gpu_selftest import __main__ as selftest
-from tools.gpu_selftest import engines, rms_norm
+from tools.gpu_selftest import engines, memory, rms_norm
 from tools.gpu_selftest.architectures import arch_verdict, architecture_problems
+from tools.gpu_selftest.draft_steps import DraftSteps, eager_steps
 from tools.gpu_selftest.graph_events import GraphEvents
 from tools.gpu_selftest.report import FAILED, PASSED, SKIPPED, Check, Outcome
 from tools.gpu_selftest.ring import check_ring
@@ -59,8 +61,12 @@ def by_name(report: dict) -> dict[str, dict]:
 @pytest.mark.engine  # the report runs the self-test's real CPU engines
 def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     checks = by_name(report)
-    assert report["returncode"] == 0 and report["ok"], report["verdict"]
-    assert report["verdict"] == "ok: 4 passed, 4 skipped"
+    # Nothing failed, and nothing was proved on a GPU: not `ok`, its own exit status.
+    assert report["returncode"] == selftest.NO_GPU == 3, report["verdict"]
+    assert report["ok"] is False and report["gpu"] is False
+    assert report["verdict"] == (
+        "NO GPU: nothing proved on a GPU (4 passed on this CPU, 4 skipped); run it where the GPU is"
+    )
     for name in ("device", "deferred_copy"):
         assert checks[name]["status"] == "skipped" and checks[name]["detail"] == "needs CUDA"
     assert checks["architectures"]["detail"].startswith("needs CUDA")
@@ -100,7 +106,7 @@ def test_draft_state_bytes_at_the_spark_profile_sizes(report):
 
 
 def test_the_v2_lane_skips_the_v1_checks_and_needs_cuda_for_its_engines(capsys):
-    assert selftest.main(["--json", "--runner", "v2", "--engines", "on"]) == 0
+    assert selftest.main(["--json", "--runner", "v2", "--engines", "on"]) == selftest.NO_GPU
     answer = json.loads(capsys.readouterr().out)
     checks = by_name(answer)
     assert answer["runner"] == "v2"
@@ -178,6 +184,11 @@ def dspark_run(**changes) -> dict:
         },
         "greedy_agreement": {"1": True, "2": True, "4": True},
         "sampled_agreement": None,
+        "draft_steps": [
+            {"requests": 1, "variant": "greedy", "steps": 2, "full": 2},
+            {"requests": 4, "variant": "greedy", "steps": 9, "full": 9},
+            {"requests": 4, "variant": "sampled", "steps": 9, "full": 9},
+        ],
     }
     return {**run, **changes}
 
@@ -198,6 +209,9 @@ def test_a_healthy_cuda_run_passes_and_prints_the_capture_plan(on_cuda):
     assert "draft graphs 3 captured, 9 replayed" in outcome.detail
     assert "capture plan: target FULL_AND_PIECEWISE [1, 2, 4], draft {" in outcome.detail
     assert "sampled drafts are not replayed from graphs in this build" in outcome.detail
+    assert (
+        "every draft step replayed a FULL graph: greedy at [1, 4] requests, sampled at [4] requests"
+    ) in outcome.detail
 
 
 @pytest.mark.parametrize(
@@ -220,6 +234,14 @@ def test_a_healthy_cuda_run_passes_and_prints_the_capture_plan(on_cuda):
             dspark_run(sampled_agreement={"4": False}),
             "sampled_agreement: graphs for [4] requests draft other tokens than eager",
         ),
+        (
+            dspark_run(draft_steps=[{"requests": 3, "variant": "greedy", "steps": 5, "full": 3}]),
+            "drafted without a FULL graph: 2 of 5 greedy steps of 3 requests",
+        ),
+        (
+            dspark_run(draft_steps=[{"requests": 4, "variant": "greedy", "steps": 9, "full": 9}]),
+            "no sampled draft steps ran",
+        ),
     ],
 )
 def test_the_engine_check_fails_on_what_it_guards(on_cuda, dspark, message):
@@ -240,6 +262,71 @@ def test_an_engine_that_fails_to_start_fails_the_check_with_its_last_line(monkey
     assert outcome.detail == (
         "v1: an engine failed: ValueError: No MXFP4 MoE backend supports the configuration"
     )
+
+
+def test_each_draft_step_is_counted_with_its_full_replay(monkeypatch):
+    """A step proves a FULL graph only when `RequestGraphs._replay` replayed a graph in it."""
+    from vllm.v1.spec_decode.dspark.cudagraph import RequestGraphs
+
+    class Graph:
+        def capture_begin(self):
+            pass
+
+        def replay(self):
+            pass
+
+    graph = Graph()
+    monkeypatch.setattr(RequestGraphs, "_replay", lambda graphs, *args: graph.replay())
+
+    class Drafter:
+        def propose(self, with_graph: bool) -> None:
+            if with_graph:
+                RequestGraphs._replay(None)
+
+    metadata = SimpleNamespace(all_greedy=True)
+    runner = SimpleNamespace(
+        drafter=Drafter(), input_batch=SimpleNamespace(num_reqs=3, sampling_metadata=metadata)
+    )
+    events = GraphEvents((Drafter,))
+    steps = DraftSteps(events)
+    with events.recording(Graph), steps.watching(runner):
+        runner.drafter.propose(True)
+        runner.drafter.propose(True)
+        metadata.all_greedy = False
+        runner.drafter.propose(False)  # an eager sampled step
+    assert steps.as_json() == [
+        {"requests": 3, "variant": "greedy", "steps": 2, "full": 2},
+        {"requests": 3, "variant": "sampled", "steps": 1, "full": 0},
+    ]
+    assert eager_steps(steps.as_json()) == ["1 of 1 sampled steps of 3 requests"]
+    assert "propose" not in vars(runner.drafter)  # the drafter is as before
+
+
+def test_selftest_memory_passes_vllms_check_on_a_gb10_where_the_default_fails(monkeypatch):
+    """GB10's figures (121.69 GiB total, 101.3 GiB free at boot) through vLLM's own measure (on
+    an integrated GPU, psutil's available memory) and `request_memory`: the self-test's
+    utilization starts, vLLM's default 0.92 is refused."""
+    import psutil
+    import torch
+
+    from vllm.config import CacheConfig
+    from vllm.utils import mem_utils
+    from vllm.v1.worker.utils import request_memory
+
+    total, free = round(121.69 * 2**30), round(101.3 * 2**30)
+    # cudaMemGetInfo underreports on unified memory; vLLM reads psutil there instead.
+    monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda device=None: (2**30, total))
+    monkeypatch.setattr(torch.accelerator, "memory_stats", lambda device=None: {})
+    monkeypatch.setattr(torch.accelerator, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(mem_utils.current_platform, "is_integrated_gpu", lambda device_id=0: True)
+    host = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: host._replace(available=free))
+    utilization = memory.measured_utilization()
+    snapshot = mem_utils.MemorySnapshot(device=torch.device("cuda", 0))
+    assert (snapshot.free_memory, snapshot.total_memory) == (free, total)
+    assert request_memory(snapshot, CacheConfig(gpu_memory_utilization=utilization)) > 0
+    with pytest.raises(ValueError, match=r"less than desired GPU memory utilization \(0\.92"):
+        request_memory(snapshot, CacheConfig())
 
 
 def test_graph_events_belong_to_the_drafter_whose_method_is_on_the_stack():

@@ -20,6 +20,8 @@ Replaced, because a dry start loads no weights, runs no kernel and starts one ra
 - the other ranks: PyTorch's fake process group stands in for them (collectives do nothing),
   the device communicator is vLLM's base class (no NCCL), the tensor-parallel group has no
   shared-memory broadcaster;
+- on a table device, free memory: each of the table's figures in turn (an integrated device's
+  range at boot), measured by vLLM's `MemorySnapshot` and checked by its `request_memory`;
 - the device's memory use: the profile run and the graph capture run kernels, so the KV budget
   is what the requested memory (`gpu_memory_utilization` x the device's memory, vLLM's
   `request_memory`) leaves after the weights and every buffer, an upper bound because the
@@ -70,6 +72,7 @@ PROFILE_FIELDS = {
     "block_size": "serve_args --block-size",
     "block-size": "serve_args --block-size",
     "gpu_memory_utilization": "serve_args --gpu-memory-utilization",
+    "utilization": "serve_args --gpu-memory-utilization",  # vLLM's "GPU memory utilization"
     "tensor_parallel_size": "tensor_parallel_size",
     "quantization": "serve_args --quantization",
     "attention_backend": "serve_args --attention-backend",
@@ -264,12 +267,41 @@ def create_config(args: argparse.Namespace):
     return engine_args.create_engine_config(UsageContext.OPENAI_API_SERVER, headless=args.headless)
 
 
-def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None) -> dict[str, type]:
+@dataclass
+class FreeMemoryCases:
+    """Free memory figures to start at where the device is a table's: (label, bytes), the first
+    deciding whether the rank starts, and how to make the device report one."""
+
+    cases: list[tuple[str, int]]
+    report: Callable[[int], None]
+
+
+@dataclass
+class MemoryCase:
+    """vLLM's `request_memory` at one free memory figure: what it requests, or its refusal."""
+
+    label: str
+    free: int
+    requested: int | None
+    refusal: str | None
+
+
+def memory_case(label: str, snapshot, cache_config) -> MemoryCase:
+    from vllm.v1.worker.utils import request_memory
+
+    try:
+        requested = request_memory(snapshot, cache_config)
+    except ValueError as error:
+        return MemoryCase(label, snapshot.free_memory, None, str(error))
+    return MemoryCase(label, snapshot.free_memory, requested, None)
+
+
+def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, type]:
     """vLLM's loader, worker and executor, each with only the device part replaced.
 
     Defined after vLLM is imported (the caller sets the rank's environment first) and published
     on this module, because vLLM resolves the worker class by its qualified name.
-    `device_memory` answers (free, total) bytes where there is no device to ask.
+    `free_cases` are the free memory figures to measure where the device is a table's.
     """
     import torch
     import torch.distributed as dist
@@ -322,13 +354,18 @@ def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None)
             init_worker_distributed_environment(
                 self.vllm_config, self.rank, "env://", self.local_rank, "fake"
             )
-            if device_memory is None:  # the node's own device, measured as vLLM measures it
-                snapshot = MemorySnapshot(device=torch.device(current_platform.device_type, 0))
-            else:
-                snapshot = MemorySnapshot(device=self.device, auto_measure=False)
-                snapshot.free_memory, snapshot.total_memory = device_memory()
-            self.init_snapshot = snapshot
-            self.requested_memory = request_memory(snapshot, self.cache_config)
+            # The node's device as vLLM measures it, or each of the table's figures in turn;
+            # vLLM's own functions measure (on an integrated GPU, the host's available memory)
+            # and decide. The first decides whether the rank starts.
+            device = torch.device(current_platform.device_type, 0)
+            snapshots = []
+            for label, free in free_cases.cases if free_cases else [("measured", 0)]:
+                if free_cases is not None:
+                    free_cases.report(free)
+                snapshots.append((label, MemorySnapshot(device=device)))
+            self.memory_cases = [memory_case(label, s, self.cache_config) for label, s in snapshots]
+            self.init_snapshot = snapshots[0][1]
+            self.requested_memory = request_memory(self.init_snapshot, self.cache_config)
             self._init_workspace_and_model_runner()
 
         @override
@@ -461,7 +498,12 @@ def install_platform(base: type | None = None) -> None:
     vllm.platforms.current_platform = DryStartPlatform()
 
 
-def run(serve_args: list[str], rank: int, device_memory=None, kernel_code=None) -> Report:
+def run(
+    serve_args: list[str],
+    rank: int,
+    free_cases: FreeMemoryCases | None = None,
+    kernel_code=None,
+) -> Report:
     """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
     `install_platform` first. `kernel_code` gives the fat binaries of the vLLM the node runs
     (default: the installed one's, `kernels.installed`)."""
@@ -483,7 +525,7 @@ def run(serve_args: list[str], rank: int, device_memory=None, kernel_code=None) 
         with step("arguments"):
             check_rank(rank, config.parallel_config.world_size)
         describe_config(report, config)
-        start_engine(report, config, rank, device_memory, kernel_code)
+        start_engine(report, config, rank, free_cases, kernel_code)
         if report.not_run is None:  # the sizes below are the runner's final ones
             with step("graphs"):
                 check_widest_decode_batch(config, warning_log.messages)
@@ -504,7 +546,9 @@ def check_rank(rank: int, world_size: int) -> None:
         )
 
 
-def start_engine(report: Report, config, rank: int, device_memory, kernel_code=None) -> None:
+def start_engine(
+    report: Report, config, rank: int, free_cases: FreeMemoryCases | None, kernel_code=None
+) -> None:
     """vLLM's engine core for `config`, this rank's worker in it."""
     from vllm.triton_utils import HAS_TRITON
     from vllm.v1.engine.core import EngineCore
@@ -517,7 +561,7 @@ def start_engine(report: Report, config, rank: int, device_memory, kernel_code=N
             "node's dry start (preflight) runs the rest"
         )
         return
-    classes = vllm_classes(rank, device_memory)
+    classes = vllm_classes(rank, free_cases)
     skip_draft_weights()
     config.parallel_config.worker_cls = f"{__name__}.DryWorker"
     config.load_config.load_format = DRY_LOAD_FORMAT
@@ -527,8 +571,10 @@ def start_engine(report: Report, config, rank: int, device_memory, kernel_code=N
         describe_engine(report, config, core)
     except AttributeError as error:  # a runner laid out otherwise (V2): say what is missing
         report.warnings.append(f"the report stops short: {error}")
+    with step("graphs"):
+        check_draft_graphs(core.model_executor.driver_worker.worker.model_runner)
     check_kernel_code(report, config, core, kernel_code)
-    walk_warmup(report, config, core, on_node=device_memory is None)
+    walk_warmup(report, config, core, on_node=free_cases is None)
 
 
 def walk_warmup(report: Report, config, core, on_node: bool) -> None:
@@ -737,6 +783,7 @@ def describe_memory(report: Report, config, worker, runner) -> None:
     decide("target weights", _gib(sum(target.values())))
     decide("draft weights and every buffer", _gib(memory["held"] - sum(target.values())))
     decide("KV budget (activation peak not measured)", _gib(memory["requested"] - memory["held"]))
+    describe_free_memory(report, config, worker, memory["held"])
     report.decide("kv cache", "layout", cache.kv_cache_layout)
     for group in kv.kv_cache_groups:
         spec = group.kv_cache_spec
@@ -754,6 +801,30 @@ def describe_memory(report: Report, config, worker, runner) -> None:
     )
 
 
+def describe_free_memory(report: Report, config, worker, held: int) -> None:
+    """vLLM's verdict at each free memory figure the rank was measured at: the KV budget and
+    the concurrency it leaves, and on a unified-memory device what stays for the host."""
+    from vllm.platforms import current_platform
+
+    cache = config.cache_config
+    unified = current_platform.is_integrated_gpu(0)
+    for case in worker.memory_cases:
+        name = f"at {_gib(case.free)} free ({case.label})"
+        if case.requested is None:
+            report.decide("memory", name, f"refused: {case.refusal}")
+            continue
+        budget = case.requested - held
+        verdict = f"starts, KV budget {_gib(budget)}"
+        if case.requested == worker.requested_memory:  # the budget the engine sized the cache for
+            verdict += (
+                f", max concurrency at {config.model_config.max_model_len:,} tokens "
+                f"{cache.kv_cache_max_concurrency:.2f}"
+            )
+        if unified:
+            verdict += f", {_gib(case.free - case.requested)} left for the host"
+        report.decide("memory", name, verdict)
+
+
 def describe_graphs(report: Report, config, runner) -> None:
     """The target's captures as the runner's dispatcher holds them, and the draft's as the
     DSpark proposer plans them from those final sizes."""
@@ -763,13 +834,66 @@ def describe_graphs(report: Report, config, runner) -> None:
     for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs():
         sizes = sorted({d.num_tokens for d in descriptors})
         report.decide("graphs", f"target {mode.name} captures (tokens)", sizes)
-    speculative = config.speculative_config
-    if speculative is not None and speculative.use_dspark():
-        from vllm.v1.spec_decode.dspark.cudagraph import capture_plan
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
+        return
+    runner_modes = {mode for mode, _ in runner.cudagraph_dispatcher.get_capture_descs()}
+    forward = sorted(
+        {
+            d.num_tokens
+            for mode, descriptors in drafter.cudagraph_dispatcher.get_capture_descs()
+            if mode in runner_modes  # the runner captures the drafter's keys in its passes
+            for d in descriptors
+        }
+    )
+    report.decide("graphs", "draft forward PIECEWISE (tokens)", forward)
+    graphs = draft_graphs(drafter)
+    report.decide("graphs", "draft FULL (requests)", list(graphs.sizes) if graphs else [])
+    if graphs is not None:
+        report.decide("graphs", "draft FULL variants", ", ".join(graphs.variants))
 
-        plan = capture_plan(config)
-        report.decide("graphs", "draft forward PIECEWISE (tokens)", list(plan.draft_forward))
-        report.decide("graphs", "draft FULL (requests)", list(plan.draft_requests))
+
+def draft_graphs(drafter):
+    """The FULL graphs a DSpark proposer built for its draft step (the ring proposer's
+    `draft_graphs`, the paged proposer's `chain_graphs`), else None."""
+    return getattr(drafter, "draft_graphs", None) or getattr(drafter, "chain_graphs", None)
+
+
+class UngraphedDraftStep(ValueError):
+    """A decode batch the target replays as a FULL graph drafts without one."""
+
+    fix = (
+        "the proposer must plan its draft graphs from the runner's final capture sizes "
+        "(in initialize_cudagraph_keys, after vLLM's spec-decode rounding)"
+    )
+
+
+def check_draft_graphs(runner) -> None:
+    """Refuse a draft whose FULL graphs miss a request count the target's FULL graphs hold:
+    a decode batch padded to that target graph would draft eagerly. Both plans are read from
+    the objects the runner and the proposer built."""
+    from vllm.config import CUDAGraphMode
+
+    drafter = getattr(runner, "drafter", None)
+    if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
+        return
+    if not hasattr(drafter, "draft_graphs") and not hasattr(drafter, "chain_graphs"):
+        return  # not a DSpark proposer
+    held = {
+        d.num_reqs
+        for mode, descriptors in runner.cudagraph_dispatcher.get_capture_descs()
+        if mode == CUDAGraphMode.FULL
+        for d in descriptors
+        if d.uniform and d.num_reqs
+    }
+    graphs = draft_graphs(drafter)
+    missing = sorted(held - set(graphs.sizes if graphs else ()))
+    if missing:
+        raise UngraphedDraftStep(
+            f"the target's FULL decode graphs hold {sorted(held)} requests, the draft's FULL "
+            f"graphs {list(graphs.sizes) if graphs else []}: batches of {missing} requests "
+            "would draft without a graph"
+        )
 
 
 class UncoveredDecodeBatch(ValueError):

@@ -14,7 +14,10 @@ else the dry start runs is vLLM's code:
   answer from the table's capability and the images' CUDA version, as the library's source does;
 - `CudaPlatform`'s and torch's device queries (capability, name, memory, SM count, integrated
   memory, current device) answer from the table; no memory is pinned; CUDA streams and events
-  are inert.
+  are inert;
+- free memory: torch's `get_memory_info` answers the figure `answer_free` set, and on an
+  integrated-memory device the host's memory is the device's (psutil's `virtual_memory`, which
+  vLLM's `MemorySnapshot` reads there), so vLLM's own rules measure and decide.
 """
 
 from __future__ import annotations
@@ -36,19 +39,53 @@ IMAGE_CUDA_VERSION = 13000
 
 
 @dataclass(frozen=True)
+class FreeAtBoot:
+    """The free memory an integrated-memory device reports at boot, its memory shared with the
+    operating system: the lowest and highest figures of the public reports, and a typical one."""
+
+    worst: int
+    typical: int
+    best: int
+
+
+@dataclass(frozen=True)
 class Device:
     name: str
     capability: tuple[int, int]
-    memory_bytes: int
+    memory_bytes: int  # the total torch reports (`total_memory`)
     sm_count: int
-    integrated: bool = False
+    free_at_boot: FreeAtBoot | None = None  # an integrated-memory device's; else free = total
+
+    @property
+    def integrated(self) -> bool:
+        return self.free_at_boot is not None
+
+    def free_memory_cases(self) -> list[tuple[str, int]]:
+        """The free memory figures a dry start plays, the one that decides first."""
+        if self.free_at_boot is None:
+            return [("free = total", self.memory_bytes)]
+        return [("worst", self.free_at_boot.worst), ("typical", self.free_at_boot.typical)]
 
 
 MIB = 1 << 20
-# Memory as the driver reports it where known (nvidia-smi's MiB), else the nominal size; the
-# DGX Spark's 128 GiB is unified memory shared with its CPU. Preflight asks the real device.
+
+
+def _gib(figure: float) -> int:
+    return round(figure * GIB)
+
+
+# Memory as torch reports it where known (GB10), else as the driver reports it (nvidia-smi's
+# MiB) or the nominal size. A GB10's 121.69 GiB is unified memory shared with its CPU; Spark
+# owners report 101.3-102.2 GiB of it free at boot (docs/dry-start.md). Preflight asks the
+# real device.
 DEVICES = {
-    "gb10": Device("NVIDIA GB10", (12, 1), 128 * GIB, 48, integrated=True),
+    "gb10": Device(
+        "NVIDIA GB10",
+        (12, 1),
+        _gib(121.69),
+        48,
+        free_at_boot=FreeAtBoot(_gib(101.3), _gib(101.8), _gib(102.2)),
+    ),
     "b200": Device("NVIDIA B200", (10, 0), 183359 * MIB, 148),
     "b300": Device("NVIDIA B300", (10, 3), 288 * 10**9, 160),
     "rtx-pro-6000": Device("NVIDIA RTX PRO 6000 Blackwell", (12, 0), 97887 * MIB, 188),
@@ -310,6 +347,29 @@ def _torch_device_queries(device: Device) -> None:
     torch.cuda.get_device_capability = lambda device_id=None: device.capability
     torch.cuda.get_device_properties = lambda device_id=None: properties
     torch.cuda.get_device_name = lambda device_id=None: device.name
+    _FREE[:] = [device.free_memory_cases()[0][1]]
+    torch.accelerator.get_memory_info = lambda device_id=None: (_FREE[0], device.memory_bytes)
+    torch.accelerator.memory_stats = lambda device_id=None: {}
+    torch.accelerator.memory_reserved = lambda device_id=None: 0
+    if device.integrated:
+        import psutil
+
+        host = psutil.virtual_memory
+
+        def unified_memory():
+            """The host's memory is the device's: what vLLM reads as free on an integrated
+            GPU."""
+            return host()._replace(total=device.memory_bytes, available=_FREE[0])
+
+        psutil.virtual_memory = unified_memory
+
+
+_FREE: list[int] = []
+
+
+def answer_free(nbytes: int) -> None:
+    """The free memory the device reports from now on."""
+    _FREE[:] = [nbytes]
 
 
 def _table_platform(device: Device) -> type:

@@ -5,9 +5,11 @@
 Run it from the project root with the Python of the vLLM that serves: `python -m tools.gpu_selftest`
 (inside the image on each node, `dspark-launch preflight` runs `python3 -m tools.gpu_selftest
 --json` there). Every check names what it needs; on a host without CUDA the CUDA checks report
-"skipped: needs CUDA" and the rest run, so CI runs it too (tests/tools/). The exit status is 0 only
-when every check that ran passed. `--runner v2` checks upstream's DSpark on Model Runner V2
-instead of this project's V1 proposers.
+"skipped: needs CUDA" and the rest run, so CI runs it too (tests/tools/). Exit status: 0 when every
+check passed on a CUDA device; 1 when a check failed; 3 when nothing failed but there was no CUDA
+device, so nothing was proved on a GPU (the verdict says so). `--runner v2` checks upstream's
+DSpark on Model Runner V2 instead of this project's V1 proposers. The engines start as the
+serving profile does: its `--draft-sample-method`, `--moe-backend` and `--dtype`.
 
 Checks (one module each):
 - device: name, compute capability, memory (needs CUDA);
@@ -98,12 +100,21 @@ def run_checks(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def verdict(results: list[dict]) -> str:
+# The exit status when nothing failed on a host without CUDA: nothing was proved on a GPU.
+NO_GPU = 3
+
+
+def verdict(results: list[dict], has_cuda: bool = True) -> str:
     failed = [r["name"] for r in results if r["status"] == FAILED]
     passed = sum(r["status"] == PASSED for r in results)
     skipped = sum(r["status"] == SKIPPED for r in results)
     if failed:
         return f"FAILED: {', '.join(failed)} ({passed} passed, {skipped} skipped)"
+    if not has_cuda:
+        return (
+            f"NO GPU: nothing proved on a GPU ({passed} passed on this CPU, {skipped} skipped); "
+            "run it where the GPU is"
+        )
     return f"ok: {passed} passed, {skipped} skipped"
 
 
@@ -118,6 +129,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=SPARK_MAX_NUM_SEQS,
         help="the serving profile's: the draft-state bytes, the engines' batch",
+    )
+    parser.add_argument(
+        "--draft-sample-method",
+        choices=("probabilistic", "greedy"),
+        default="probabilistic",
+        help="the serving profile's speculative.draft_sample_method",
+    )
+    parser.add_argument(
+        "--moe-backend", help="the serving profile's --moe-backend (the DeepSeek-V4 engine's)"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", help="the serving profile's dtype (the Qwen3 engine's)"
     )
     parser.add_argument(
         "--runner",
@@ -137,9 +160,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = run_checks(args)
+    has_cuda = cuda_available()
+    failed = any(r["status"] == FAILED for r in results)
     report = {
-        "ok": not any(r["status"] == FAILED for r in results),
-        "verdict": verdict(results),
+        "ok": has_cuda and not failed,
+        "gpu": has_cuda,
+        "verdict": verdict(results, has_cuda),
         "runner": args.runner,
         "checks": results,
     }
@@ -149,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in results:
             print(f"{r['status']:>7}  {r['name']:<18} {r['detail']}")
         print(report["verdict"])
-    return 0 if report["ok"] else 1
+    return 1 if failed else 0 if has_cuda else NO_GPU
 
 
 if __name__ == "__main__":

@@ -5,16 +5,18 @@ the lane the self-test runs for: V1 (this project's proposers) or V2 (upstream's
 Runner V2).
 
 - Qwen3: a bigram Qwen3 target and a DeepSpec-format DSpark draft that partly predicts it, in
-  float32 (so that no rounding can move a greedy choice; vLLM picks a float32 attention backend);
+  the profile's `--dtype` (default float32, where no rounding can move a greedy choice);
 - DeepSeek-V4: a tiny V4 target carrying its `mtp.*` draft, quantised as V4-Flash ships (FP8 e4m3
   linears with ue8m0 block scales, MXFP4 experts), bf16, the context-dependent oracle whose draft
   experts contribute.
 
-Each engine runs in its own process (`engine_run`). Passed means greedy output with DSpark equals
+Each engine runs in its own process (`engine_run`), with the profile's `draft_sample_method`
+(and the DeepSeek-V4 one with its `--moe-backend`). Passed means greedy output with DSpark equals
 greedy output without it, token for token; on CUDA also that the drafter captured CUDA graphs and
-replayed them while serving, and (V1, DeepSeek-V4) that every captured draft graph drafts what
-eager drafting does, greedy and, where the graphs replay sampled drafts, seeded sampled. The
-capture plan of target and draft is printed.
+replayed them while serving, (V1) that every draft step of every batch size it ran, greedy and
+in the mixed-temperature pass sampled, replayed a FULL draft graph, and (V1, DeepSeek-V4) that
+every captured draft graph drafts what eager drafting does, greedy and, where the graphs replay
+sampled drafts, seeded sampled. The capture plan of target and draft is printed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tools.gpu_selftest.draft_steps import eager_steps
 from tools.gpu_selftest.engine_run import EngineSpec, spec_json
 from tools.gpu_selftest.report import FAILED, NEEDS_CUDA, PASSED, SKIPPED, Outcome, cuda_available
 
@@ -44,7 +47,7 @@ def qwen3_pair(root: Path) -> tuple[str, str | None, str]:
     spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
     weights = qwen3.bigram_dspark_weights(spec, target)
     draft = qwen3.save_dspark_draft(root / "draft", spec, weights, target)
-    return str(target), str(draft), "float32"
+    return str(target), str(draft), ""  # the profile's --dtype
 
 
 # DeepSeek-V4-Flash's 64 attention heads over the Spark profile's tensor-parallel size 2: each
@@ -144,8 +147,9 @@ def first_difference(plain: list[list[int]], dspark: list[list[int]]) -> str | N
     return None
 
 
-def graph_problems(run: dict) -> list[str]:
-    """What the CUDA-graph side of one DSpark run got wrong."""
+def graph_problems(run: dict, sampled: bool) -> list[str]:
+    """What the CUDA-graph side of one DSpark run got wrong; `sampled`: the profile drafts
+    probabilistically, so the mixed-temperature pass must have drafted sampled steps."""
     counts = run["graphs"]
     problems = []
     if not counts["draft capture"] or not counts["draft replay"]:
@@ -153,6 +157,14 @@ def graph_problems(run: dict) -> list[str]:
             f"draft CUDA graphs: {counts['draft capture']} captured, "
             f"{counts['draft replay']} replayed while serving"
         )
+    if "draft_steps" in run:
+        eager = eager_steps(run["draft_steps"])
+        if eager:
+            problems.append("drafted without a FULL graph: " + ", ".join(eager))
+        variants = {step["variant"] for step in run["draft_steps"]}
+        wanted = {"greedy", "sampled"} if sampled else {"greedy"}
+        if not wanted <= variants:
+            problems.append(f"no {' or '.join(sorted(wanted - variants))} draft steps ran")
     for name in ("greedy_agreement", "sampled_agreement"):
         agreement = run.get(name) or {}
         differing = sorted(int(size) for size, agree in agreement.items() if not agree)
@@ -174,6 +186,14 @@ def graph_summary(run: dict) -> str:
         f"draft graphs {counts['draft capture']} captured, {counts['draft replay']} replayed; "
         + plan_summary(run["capture_plan"])
     )
+    if run.get("draft_steps"):
+        full = {
+            variant: sorted({s["requests"] for s in run["draft_steps"] if s["variant"] == variant})
+            for variant in ("greedy", "sampled")
+        }
+        text += "; every draft step replayed a FULL graph: " + ", ".join(
+            f"{variant} at {sizes} requests" for variant, sizes in full.items() if sizes
+        )
     if "sampled_agreement" in run and run["sampled_agreement"] is None:
         text += "; sampled drafts are not replayed from graphs in this build"
     return text
@@ -193,10 +213,12 @@ def serve_both(family: str, args: argparse.Namespace) -> tuple[dict, dict]:
                     draft=draft,
                     speculative=speculative,
                     k=K,
-                    dtype=dtype,
+                    dtype=dtype or args.dtype,
                     prompts=prompts(),
                     max_tokens=MAX_TOKENS,
                     max_num_seqs=args.max_num_seqs,
+                    draft_sample_method=args.draft_sample_method,
+                    moe_backend=args.moe_backend if family == "deepseek_v4" else None,
                 )
             )
             for speculative in (False, True)
@@ -225,7 +247,8 @@ def check_engines(family: str, args: argparse.Namespace) -> Outcome:
         return Outcome(
             FAILED, f"{lane}: DSpark's greedy output is not plain's: {difference}", facts
         )
-    problems = graph_problems(dspark) if on_cuda else []
+    sampled = args.draft_sample_method == "probabilistic"
+    problems = graph_problems(dspark, sampled) if on_cuda else []
     if problems:
         return Outcome(FAILED, f"{lane}: " + "; ".join(problems), facts)
     detail = (
