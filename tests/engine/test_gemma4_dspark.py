@@ -158,8 +158,8 @@ def test_drafts_equal_deepspec_gemma4_recompute(gemma, tmp_path, pair):
 
 
 def capped_markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
-    """Upstream's bias: through the model's soft-capping logits processor."""
-    return self.model.markov_bias(markov_embed)
+    """Stock upstream's bias: through the model's soft-capping logits processor."""
+    return self.model.model.markov_head.bias(markov_embed, self.model.logits_processor)
 
 
 @pytest.mark.parametrize(
