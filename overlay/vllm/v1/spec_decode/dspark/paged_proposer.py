@@ -41,7 +41,6 @@ from vllm.v1.spec_decode.dspark.block import (
     trained_block_size,
 )
 from vllm.v1.spec_decode.dspark.checks import (
-    PAGED_PROPOSER_UNSUPPORTED,
     check_full_vocabulary,
     check_loaded_draft,
 )
@@ -72,7 +71,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         # Read by DFlashProposer.__init__ to size and build the query block.
         self.num_query_per_req = num_block_queries(config, k)
         super().__init__(vllm_config, device, runner)
-        self._init_dspark(vllm_config, runner, PAGED_PROPOSER_UNSUPPORTED)
+        self._init_dspark(runner)
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows
         # [max_batch, block] query rows whose hidden states are sampled: from the
