@@ -20,7 +20,7 @@ from vllm.v1.spec_decode.dspark.checks import (
 )
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
-from vllm.v1.spec_decode.dspark.refusal import record_refusal
+from vllm.v1.spec_decode.dspark.refusal import refuse
 
 logger = init_logger(__name__)
 
@@ -45,14 +45,13 @@ def check_dspark_config(vllm_config: VllmConfig) -> None:
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
     """The V1 DSpark proposer for the configured draft (``check_dspark_config`` passed). A
-    refusal of the loaded draft is logged once more as one short line, and recorded for the
-    frontend to raise last (``dspark/refusal.py``): vLLM's start-up failure buries it in a long
-    traceback."""
+    refusal here or of the loaded draft (``records_refusal``) is logged once more as one short
+    line, and recorded for the frontend to raise last (``dspark/refusal.py``): vLLM's start-up
+    failure buries it in a long traceback."""
     try:
         return _make_proposer(vllm_config, device, runner)
     except ValueError as error:
-        logger.error("DSpark refused the configuration: %s", error)
-        record_refusal(vllm_config.instance_id, str(error))
+        refuse(vllm_config.instance_id, error)
         raise
 
 

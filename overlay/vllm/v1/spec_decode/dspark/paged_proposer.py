@@ -48,6 +48,7 @@ from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.refusal import records_refusal
 
 logger = init_logger(__name__)
 
@@ -121,6 +122,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         return model
 
     @override
+    @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
         model = self.model

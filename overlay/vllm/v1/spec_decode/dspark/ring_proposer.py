@@ -47,6 +47,7 @@ from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
 from vllm.v1.spec_decode.eagle import EagleProposer
@@ -117,6 +118,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
 
     # Model ------------------------------------------------------------------
     @override
+    @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         model = self._build_draft_model()
         process_weights_after_loading(model, self.draft_model_config, self.device)
