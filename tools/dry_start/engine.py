@@ -308,7 +308,8 @@ def vllm_classes(rank: int, device_memory: Callable[[], tuple[int, int]] | None)
             return [r // per_node == ranks[source_rank] // per_node for r in ranks]
 
         for module in list(sys.modules.values()):
-            if getattr(module, "in_the_same_node_as", None) is probe:
+            # The module's own names only: a lazy module's getattr would import on the spot.
+            if vars(module).get("in_the_same_node_as") is probe:
                 module.in_the_same_node_as = same_node_as
 
     def no_broadcaster(cls, *args, **kwargs) -> None:

@@ -17,6 +17,7 @@ per padded request count (``cudagraph.ChainGraphs``).
 """
 
 import copy
+import gc
 
 import torch
 from torch import nn
@@ -125,6 +126,12 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
+        # vLLM's loader drops the draft's own embed_tokens / lm_head when it shares the
+        # target's (``_maybe_share_*``, as for DFlash and EAGLE); their weight loaders hold
+        # them in reference cycles, so their CPU oneDNN handles would be freed by a later
+        # garbage collection, perhaps inside torch.compile's FakeTensor mode, where their
+        # ``__del__`` fails ("Exception ignored in: CPUDNNLGEMMHandler.__del__"). Free now.
+        gc.collect()
         model = self.model
         check_full_vocabulary(
             model.draft_id_to_target_id is not None, self.draft_model_config.model
