@@ -90,6 +90,42 @@ def test_unknown_distribution_of_a_pinned_version(project: GeneratedProject, tre
     assert snapshot(tree) == before
 
 
+def add_distribution(tree: Path, name: str, version: str) -> None:
+    """A dist-info as pip leaves it (METADATA is what the installer reads)."""
+    dist_info = tree / f"{name}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
+
+
+def test_pypi_torchvision_beside_cpu_torch_names_the_one_command(
+    project: GeneratedProject, tree: Path
+):
+    add_distribution(tree, "torch", "2.13.0+cpu")
+    add_distribution(tree, "torchvision", "0.28.0+cpu")  # the CPU index's build: fine
+    add_distribution(tree, "torchaudio", "2.13.0")
+    add_distribution(tree, "torchcodec", "0.9.0")
+    before = snapshot(tree)
+    result = project.install(tree)
+    assert_refused(
+        result,
+        ExitCode.REFUSED,
+        "torch 2.13.0+cpu is PyTorch's CPU build, but torchaudio 2.13.0, torchcodec 0.9.0 beside",
+        "-m pip uninstall -y torchaudio torchcodec. Nothing was written.",
+    )
+    assert len(result.stderr.splitlines()) == 1
+    assert snapshot(tree) == before
+
+
+def test_the_companions_of_a_cuda_torch_are_not_refused(project: GeneratedProject, tree: Path):
+    """The control: the same packages beside PyPI's torch install."""
+    add_distribution(tree, "torch", "2.13.0")
+    add_distribution(tree, "torchvision", "0.28.0")
+    result = project.install(tree)
+    assert result.returncode == ExitCode.OK, result.stderr
+
+
 def test_dist_info_and_version_file_disagree(project: GeneratedProject, tree: Path):
     version_file = tree / "vllm" / "_version.py"
     replace_file(version_file, version_file.read_bytes().replace(b"'0.32.0'", b"'0.33.0'"))
