@@ -80,3 +80,13 @@ def test_no_other_vllm_option_is_refused(serve_parser):
     assert len(others) > 300
     wrongly = [o for o in others if managed_flag(o) or managed_flag(f"{o}=1")]
     assert wrongly == []
+
+
+def test_a_mistyped_flag_is_named_with_vllms_closest_one():
+    with pytest.raises(serving_flags.FlagError) as caught:
+        serving_flags.parse_serve_args(["--enable-prefix-cacheing", "--block-size=256"])
+    assert str(caught.value) == (
+        "vLLM's serve parser: vllm serve: error: unrecognized arguments: "
+        "--enable-prefix-cacheing; closest vLLM flag: --enable-prefix-cacheing -> "
+        "--enable-prefix-caching"
+    )
