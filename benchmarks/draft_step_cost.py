@@ -159,6 +159,14 @@ class StepCounter(TorchDispatchMode):
         finally:
             self._dspark_depth -= 1
 
+    def count_kernel(self, name: str) -> None:
+        """One kernel launched outside torch's dispatcher (a Triton kernel): one op, one
+        launch."""
+        self.cost.ops[self.phase] += 1
+        self.cost.by_op[self.phase, name] += 1
+        if not self._fused_depth:
+            self._launch(self.phase)
+
     def _launch(self, phase: str) -> None:
         self.cost.launches[phase] += 1
         if self._dspark_depth:
