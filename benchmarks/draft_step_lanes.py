@@ -39,15 +39,15 @@ from typing import Any
 from benchmarks.draft_step_cost import (
     EAGER,
     GRAPH,
-    MEASURED_STEP,
-    PROMPT,
     Cost,
     StepCounter,
     capture,
     custom_ops_as_one_launch,
     graphs_captured,
+    measure_propose,
     measure_step,
     weight_storages,
+    within,
 )
 from dspark_demo.engine import TinyEngine, dspark_config
 
@@ -84,21 +84,17 @@ def triton_launches_counted(counter: StepCounter) -> Iterator[None]:
 @contextlib.contextmanager
 def v2_graph_read(counter: StepCounter, speculator) -> Iterator[None]:
     """Count what upstream's FULL draft graph records as graph (read, not captured here)."""
-
-    def in_graph(function):
-        def call(*args, **kwargs):
-            with counter.in_graph():
-                return function(*args, **kwargs)
-
-        return call
-
     import pytest
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name in V2_GRAPHED:
-            monkeypatch.setattr(speculator, name, in_graph(getattr(speculator, name)))
+            monkeypatch.setattr(
+                speculator, name, within(counter.in_graph, getattr(speculator, name))
+            )
         model = speculator.model
-        monkeypatch.setattr(model, "combine_hidden_states", in_graph(model.combine_hidden_states))
+        monkeypatch.setattr(
+            model, "combine_hidden_states", within(counter.in_graph, model.combine_hidden_states)
+        )
         yield
 
 
@@ -110,27 +106,18 @@ def measure_v2_step(engine: TinyEngine, batch: int) -> Cost:
     speculator = runner.speculator
     kv_caches = {cache.untyped_storage().data_ptr() for cache in runner.kv_caches}
     counter = StepCounter(weight_storages(speculator.model, runner.model), kv_caches, set())
-    propose = speculator.propose
-    calls = []
 
-    def counted(*args, **kwargs):
-        calls.append(None)
-        if len(calls) != MEASURED_STEP:
-            return propose(*args, **kwargs)
+    @contextlib.contextmanager
+    def counting() -> Iterator[None]:
         with (
             counter,
             triton_launches_counted(counter),
             v2_graph_read(counter, speculator),
             custom_ops_as_one_launch(counter, speculator.model),
         ):
-            return propose(*args, **kwargs)
+            yield
 
-    speculator.propose = counted
-    try:
-        engine.generate([PROMPT] * batch, MEASURED_STEP * 8)
-    finally:
-        del speculator.propose
-    assert len(calls) >= MEASURED_STEP, "the run ended before the measured step"
+    measure_propose(engine, speculator, counting, batch, 0.0)
     return counter.cost
 
 
