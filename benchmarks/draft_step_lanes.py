@@ -8,12 +8,13 @@
 The V1 lane's DSpark proposer and the V2 lane's upstream ``DSparkSpeculator`` (Model Runner V2,
 hosted on the CPU by ``dspark_demo/cpu_mrv2.py`` in the V2 lane tests' runner subprocess,
 ``tests/engine/v2_lane_runner.py``: the host must be installed before vLLM and Triton are
-imported) run the same random tiny pair of each family (the engine
-suite's ``random-target`` / ``random-draft``), the same k and batch. One ``propose()`` in steady
+imported) run the same random tiny pair of each family (the engine suite's ``random-target`` /
+``random-draft``), the same k and batch, greedy drafts (probabilistic ones stop in the
+interpreter, docs/lanes.md). One ``propose()`` in steady
 state (the 3rd draft step) is counted by ``draft_step_cost.StepCounter`` as on the V1 lane:
 each vLLM ``CustomOp`` call is one launch, every other launching op one, and each Triton kernel
-launch one (V2's input preparation and sampling are Triton kernels; under ``TRITON_INTERPRET=1``
-each ``kernel[grid](...)`` reaches ``InterpretedFunction.run`` once).
+launch one (V2 prepares its inputs with a Triton kernel; under ``TRITON_INTERPRET=1`` each
+``kernel[grid](...)`` reaches ``InterpretedFunction.run`` once).
 
 Graph vs eager: the V1 lane's split is ``draft_step_cost``'s (its FULL graphs captured as on
 CUDA). Model Runner V2 captures no graph on a CPU; its split is read from upstream's capture
@@ -35,6 +36,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from benchmarks.draft_step_cost import (
     EAGER,
@@ -74,18 +77,16 @@ def triton_launches_counted(counter: StepCounter) -> Iterator[None]:
         with _disable_current_modes():
             return run(kernel, *args, grid=grid, warmup=warmup, **kwargs)
 
-    InterpretedFunction.run = counted  # type: ignore[method-assign]
+    InterpretedFunction.run = counted
     try:
         yield
     finally:
-        InterpretedFunction.run = run  # type: ignore[method-assign]
+        InterpretedFunction.run = run
 
 
 @contextlib.contextmanager
 def v2_graph_read(counter: StepCounter, speculator) -> Iterator[None]:
     """Count what upstream's FULL draft graph records as graph (read, not captured here)."""
-    import pytest
-
     with pytest.MonkeyPatch.context() as monkeypatch:
         for name in V2_GRAPHED:
             monkeypatch.setattr(
