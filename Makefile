@@ -16,7 +16,7 @@ help:
 	@echo "make env        build .venv (vLLM 0.33.0) and .venv-vllm-0.32.0, DSpark installed in both"
 	@echo "make install    reinstall DSpark into both after changing overlay/ or patches/"
 	@echo "make lint       ruff, ruff format, mypy, SPDX headers, shellcheck, hadolint"
-	@echo "make test-fast  the unit tier (no vLLM engine, no Docker): under 2 minutes"
+	@echo "make test-fast  the unit tier (no vLLM engine, no Docker)"
 	@echo "make test       the whole suite, as CI runs it"
 	@echo "make dry-start  vLLM 0.33.0's start-up of PROFILE on DEVICE (gb10, b200, b300, rtx-pro-6000)"
 	@echo "make demo       the CPU demo: DSpark against no speculation on tiny models"

@@ -49,7 +49,7 @@ import collections
 import contextlib
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -158,6 +158,14 @@ class StepCounter(TorchDispatchMode):
             yield
         finally:
             self._dspark_depth -= 1
+
+    def count_kernel(self, name: str) -> None:
+        """One kernel launched outside torch's dispatcher (a Triton kernel): one op, one
+        launch."""
+        self.cost.ops[self.phase] += 1
+        self.cost.by_op[self.phase, name] += 1
+        if not self._fused_depth:
+            self._launch(self.phase)
 
     def _launch(self, phase: str) -> None:
         self.cost.launches[phase] += 1
@@ -331,6 +339,43 @@ def capture(engine: TinyEngine) -> None:
     engine.model_runner.drafter.dummy_run(1, use_cudagraphs=False, is_graph_capturing=True)
 
 
+def within(
+    context: Callable[[], contextlib.AbstractContextManager], function: Callable
+) -> Callable:
+    """``function``, each call of it run inside a fresh ``context()``."""
+
+    def call(*args, **kwargs):
+        with context():
+            return function(*args, **kwargs)
+
+    return call
+
+
+def measure_propose(
+    engine: TinyEngine,
+    proposer,
+    counting: Callable[[], contextlib.AbstractContextManager],
+    batch: int,
+    temperature: float,
+) -> None:
+    """Run a batch of identical prompts, its ``MEASURED_STEP``-th ``proposer.propose()`` inside
+    ``counting()``."""
+    propose = proposer.propose
+    measured = within(counting, propose)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(None)
+        return (measured if len(calls) == MEASURED_STEP else propose)(*args, **kwargs)
+
+    proposer.propose = counted
+    try:
+        engine.generate([PROMPT] * batch, MEASURED_STEP * 8, temperature)
+    finally:
+        del proposer.propose
+    assert len(calls) >= MEASURED_STEP, "the run ended before the measured step"
+
+
 def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
     """The counts of the ``MEASURED_STEP``-th ``propose()`` of a batch of identical prompts."""
     runner = engine.model_runner
@@ -338,27 +383,18 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
     kv_caches = {cache.untyped_storage().data_ptr() for cache in runner.kv_caches}
     weights = weight_storages(drafter.model, runner.model)
     counter = StepCounter(weights, kv_caches, splitting_ops())
-    propose = drafter.propose
-    calls = []
 
-    def counted(*args, **kwargs):
-        calls.append(None)
-        if len(calls) != MEASURED_STEP:
-            return propose(*args, **kwargs)
+    @contextlib.contextmanager
+    def counting() -> Iterator[None]:
         with (
             counter,
             graphed(counter, drafter),
             custom_ops_as_one_launch(counter, drafter.model),
             dspark_parts_marked(counter, drafter),
         ):
-            return propose(*args, **kwargs)
+            yield
 
-    drafter.propose = counted
-    try:
-        engine.generate([PROMPT] * batch, MEASURED_STEP * 8, temperature)
-    finally:
-        del drafter.propose
-    assert len(calls) >= MEASURED_STEP, "the run ended before the measured step"
+    measure_propose(engine, drafter, counting, batch, temperature)
     return counter.cost
 
 

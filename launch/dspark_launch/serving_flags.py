@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import io
 import json
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,7 +71,24 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
             return parser.parse_args(serve_args)
     except SystemExit:
         lines = errors.getvalue().strip().splitlines()
-        raise FlagError(f"vLLM's serve parser: {lines[-1] if lines else 'refused'}") from None
+        said = lines[-1] if lines else "refused"
+        raise FlagError(f"vLLM's serve parser: {said}{closest_flags(parser, said)}") from None
+
+
+def closest_flags(parser: argparse.ArgumentParser, message: str) -> str:
+    """``; closest vLLM flag: --x`` for each flag of an "unrecognized arguments" message."""
+    unrecognized = re.search(r"unrecognized arguments: (.*)$", message)
+    if not unrecognized:
+        return ""
+    options = [option for action in parser._actions for option in action.option_strings]
+    hints = [
+        f"{flag} -> {close[0]}"
+        for flag in unrecognized[1].split()
+        if flag.startswith("-")
+        for close in [difflib.get_close_matches(flag.split("=", 1)[0], options, n=1)]
+        if close
+    ]
+    return f"; closest vLLM flag: {', '.join(hints)}" if hints else ""
 
 
 def resolve_quantization(config: dict, quantization: str | None) -> str | None:

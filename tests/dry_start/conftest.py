@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ignored_errors
 from tools.dry_start import environment
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,6 +44,8 @@ def dry_start(vllm_033):
             )
             lines = result.stdout.strip().splitlines()
             assert lines, result.stderr[-3000:]
+            if result.returncode == 0:  # a healthy start swallows no error
+                assert ignored_errors(result.stdout + result.stderr) == [], args
             report = json.loads(lines[-1]) if "--json" in args else None
             runs[args] = (result.returncode, lines, report)
         return runs[args]

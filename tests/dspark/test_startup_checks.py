@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The start-up checks (``dspark/checks.py``) of the draft's config values, log path and weight
-files: the pure checks, then ``make_dspark_proposer`` on the VllmConfig vLLM builds for the tiny
-Qwen3 and Gemma-4 pairs, which refuses before building anything. One engine start shows that
-the engine runs these checks (tests/engine/test_dspark_config_errors.py)."""
+files: the pure checks, then ``check_dspark_config``, which vLLM's front end runs on the
+VllmConfig it builds (``EngineArgs.create_engine_config``, patched), for the tiny Qwen3 and
+Gemma-4 pairs. tests/engine/test_refusal_last_line.py shows `vllm serve` refusing there, before
+any engine process starts."""
 
 import copy
 import json
@@ -134,7 +135,7 @@ def test_incomplete_safetensors_files_are_named(tmp_path):
         assert message.endswith("Download this file again.") and "\n" not in message
 
 
-# --- make_dspark_proposer on vLLM's own config -------------------------------------------------
+# --- check_dspark_config on vLLM's own config --------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -195,12 +196,13 @@ def changed(vllm_config, *, k: int | None = None, model: str | None = None, **va
 
 
 def refusal(vllm_config) -> str:
-    from vllm.v1.spec_decode.dspark_proposer import make_dspark_proposer
+    from vllm.v1.spec_decode.dspark_proposer import check_dspark_config
 
     with pytest.raises(ValueError) as caught:
-        make_dspark_proposer(vllm_config, torch.device("cpu"))
+        check_dspark_config(vllm_config)
     message = str(caught.value)
     assert "\n" not in message
+    assert message.startswith("DSpark refused the configuration: ")
     return message
 
 
@@ -229,10 +231,62 @@ def test_the_proposer_refuses_bad_draft_configs_before_building(configs, family,
 
 def test_the_unchanged_configs_pass_the_checks(configs):
     """The control: what the cases above change is all that makes them refused."""
-    from vllm.v1.spec_decode.dspark.checks import check_draft
+    from vllm.v1.spec_decode.dspark_proposer import check_dspark_config
 
-    check_draft(changed(configs["qwen3"]), "qwen3")
-    check_draft(changed(configs["gemma4"]), "gemma4")
+    check_dspark_config(changed(configs["qwen3"]))
+    check_dspark_config(changed(configs["gemma4"]))
+
+
+def test_the_front_end_refuses_before_returning_the_config(configs):
+    """``create_engine_config`` itself refuses: no engine process, no weights."""
+    qwen3 = configs["qwen3"]
+    with pytest.raises(ValueError) as caught:
+        engine_config(
+            qwen3.model_config.model,
+            qwen3.speculative_config.draft_model_config.model,
+            num_speculative_tokens=5,
+        )
+    assert str(caught.value) == (
+        "DSpark refused the configuration: num_speculative_tokens=5 exceeds the DSpark draft's "
+        "trained block size 4: it never learned to predict that far. Use "
+        "num_speculative_tokens <= 4."
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "line"),
+    [
+        (
+            {"method": "dspakr"},
+            "speculative_config.method='dspakr' is not accepted. Did you mean 'dspark'? "
+            "Accepted: 'ngram', ",
+        ),
+        (
+            {"num_speculative_tokens": "five"},
+            "speculative_config.num_speculative_tokens='five' is not an integer. Write a whole "
+            "number, e.g. 5.",
+        ),
+        (
+            {"num_speculative_tokens": 4.5},
+            "speculative_config.num_speculative_tokens=4.5 is not an integer.",
+        ),
+        (
+            {"dspark_draft_topk_x": 8},
+            "speculative_config has no field 'dspark_draft_topk_x'. Did you mean "
+            "'dspark_draft_topk'?",
+        ),
+    ],
+    ids=lambda value: next(iter(value)) if isinstance(value, dict) else None,
+)
+def test_pydantic_refusals_are_one_line_naming_the_field(configs, fields, line):
+    """Not pydantic's dump of every literal of every union member (~56 lines for a method)."""
+    qwen3 = configs["qwen3"]
+    with pytest.raises(ValueError) as caught:
+        engine_config(
+            qwen3.model_config.model, qwen3.speculative_config.draft_model_config.model, **fields
+        )
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(line), message
 
 
 def test_a_truncated_draft_file_is_refused_before_building(configs, tmp_path):
@@ -242,7 +296,7 @@ def test_a_truncated_draft_file_is_refused_before_building(configs, tmp_path):
     weights = draft / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])
     message = refusal(changed(configs["qwen3"], model=str(draft)))
-    assert message.startswith(f"{weights} is not a complete safetensors file")
+    assert message.startswith(f"DSpark refused the configuration: {weights} is not a complete")
 
 
 def test_a_draft_log_directory_is_refused(configs, tmp_path):
@@ -331,11 +385,15 @@ def test_a_missing_v4_field_is_named():
         DeepSeekV4DSparkConfig.from_hf_config(source)
 
 
-def test_the_start_up_log_names_the_release(configs):
-    """Two nodes' logs say which dspark-vllm they run (the release install.py records)."""
+def test_the_start_up_log_names_the_release(configs, monkeypatch):
+    """Two nodes' logs say which dspark-vllm they run (the release install.py records). The
+    proposer itself is not built: only the line logged before it is read."""
     import logging
 
-    from vllm.v1.spec_decode.dspark import __version__
+    from vllm.v1.spec_decode.dspark import __version__, paged_proposer
+    from vllm.v1.spec_decode.dspark_proposer import make_dspark_proposer
+
+    monkeypatch.setattr(paged_proposer, "DSparkPagedProposer", lambda *args: None)
 
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
@@ -343,7 +401,7 @@ def test_the_start_up_log_names_the_release(configs):
     logger = logging.getLogger("vllm.v1.spec_decode.dspark_proposer")
     logger.addHandler(handler)
     try:
-        refusal(changed(configs["qwen3"], k=5))
+        make_dspark_proposer(changed(configs["qwen3"]), torch.device("cpu"))
     finally:
         logger.removeHandler(handler)
     messages = [record.getMessage() for record in records]

@@ -3,6 +3,8 @@
 """DSpark on vLLM's V1 runner, end to end in the real CPU engine: what only the Qwen3 drafts
 show (paged draft context). The tests both paged families run are in test_paged_families.py."""
 
+import gc
+
 import pytest
 from test_paged_families import varied_prompts
 
@@ -13,6 +15,7 @@ from dspark_demo.engine import (
     read_draft_log,
     run_engine,
 )
+from tests.helpers import ignored_errors
 
 K = 4  # the tiny drafts' trained block size
 
@@ -104,3 +107,36 @@ def test_dflash_layout_drafts_equal_deepspec_layout_drafts(tiny, tmp_path):
     )
     assert sum(map(len, deepspec.values())) >= 40
     assert deepspec == dflash
+
+
+def test_no_layer_is_left_for_a_late_garbage_collection(tiny, capfd, monkeypatch):
+    """vLLM drops the draft's embed_tokens / lm_head when it shares the target's; held in
+    reference cycles, they used to wait for a garbage collection that could come inside
+    torch.compile's FakeTensor mode, where their oneDNN handles' ``__del__`` fails (two
+    ``Exception ignored in: CPUDNNLGEMMHandler.__del__`` tracebacks in every compiled DSpark
+    start). With automatic collection off, the proposer's load must leave no such handle for
+    a later collection to free (read right after it returns)."""
+    from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
+
+    left: list[object] = []
+    load_model = DSparkPagedProposer.load_model
+
+    def load_then_collect(self, target_model):
+        load_model(self, target_model)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left.extend(o for o in gc.garbage if type(o).__name__ == "CPUDNNLGEMMHandler")
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+    monkeypatch.setattr(DSparkPagedProposer, "load_model", load_then_collect)
+    gc.collect()
+    gc.disable()
+    try:
+        run = run_engine(tiny.random_target, ["w1 w2 w3"], 2, dspark_config(tiny.random_draft))
+    finally:
+        gc.enable()
+    assert len(run.token_ids[0]) == 2
+    assert left == []
+    captured = capfd.readouterr()
+    assert ignored_errors(captured.out + captured.err) == []

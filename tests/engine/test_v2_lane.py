@@ -7,9 +7,10 @@ tiny pairs and prompts, for Qwen3 and Gemma-4.
 Every V2 engine runs in one subprocess (``v2_lane_runner.py``: the host must be installed
 before vLLM is imported), started first so that it runs while the V1 engines run here. Per
 family: the bigram pair serves a greedy batch, then a second turn that starts from a
-prefix-cache hit, a sampled request and a structured-output request; the oracle pair a greedy
-request. Here: plain vLLM and the V1 lane's DSpark serve the same greedy runs in the same order
-on one engine each, and the V1 lane the structured-output request.
+prefix-cache hit, a sampled request and a structured-output request, then counts one draft
+step's launches (``benchmarks/draft_step_lanes.py``); the oracle pair a greedy request. Here:
+plain vLLM and the V1 lane's DSpark serve the same greedy runs in the same order on one engine
+each, and the V1 lane the structured-output request.
 
 Equal per-position acceptance on the two lanes is the check that both draft the same tokens
 (the tokens themselves are verified, so equal output alone would not show it); docs/lanes.md
@@ -63,6 +64,7 @@ def v2_engines(family: str, models) -> list[dict[str, Any]]:
                 {"prompts": [SHORT], "max_tokens": 8, "sampling": SAMPLED},
                 {"prompts": [SHORT], "max_tokens": 4, "sampling": STRUCTURED},
             ],
+            "count_step": 1,
         },
         {
             "target": str(models.zero_target),
@@ -184,3 +186,15 @@ def test_a_structured_output_request_is_served(v2_lane, v1_lane, family):
     # The grammar changed the output: unconstrained, the prompt continues otherwise.
     (tokens,) = structured["token_ids"]
     assert tokens != v1_lane["plain"][0].token_ids[1][: len(tokens)]
+
+
+def test_the_draft_step_is_counted_with_its_triton_kernels(v2_lane, family):
+    """``benchmarks/draft_step_lanes.py``'s count of one greedy V2 draft step at batch 1:
+    upstream's input preparation is one Triton kernel per draft KV-cache group (one here), run
+    eagerly before the FULL graph. Control: with the Triton hook removed
+    (``triton_launches_counted`` a null context), this fails."""
+    bigram, _ = v2_lane.engines(family)
+    cost = bigram["step_cost"]
+    by_op = {(phase, name): count for phase, name, count in cost["by_op"]}
+    assert sum(cost["launches"].values()) > 0
+    assert by_op.get(("eager", "triton::_prepare_dflash_inputs_kernel")) == 1

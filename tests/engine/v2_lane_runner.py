@@ -5,9 +5,11 @@ by ``dspark_demo/cpu_mrv2.py`` (which must be installed before vLLM is imported,
 process of its own), one after another, and print what each produced as JSON.
 
 Argument: a JSON file, a list of engines ``{"target", "speculative_config", "engine_args",
-"runs": [{"prompts", "max_tokens", "sampling"}]}`` (``sampling``: ``TinyEngine.generate``'s
-keywords, ``structured_outputs`` as a dict); each engine serves its
-runs in order, so a later run can start from an earlier one's prefix-cache hit."""
+"runs": [{"prompts", "max_tokens", "sampling"}], "count_step"}`` (``sampling``:
+``TinyEngine.generate``'s keywords, ``structured_outputs`` as a dict); each engine serves its
+runs in order, so a later run can start from an earlier one's prefix-cache hit. With
+``"count_step": batch``, an engine then counts one greedy draft step of that batch
+(``benchmarks/draft_step_lanes.py``)."""
 
 import json
 import sys
@@ -20,6 +22,7 @@ cpu_mrv2.install()
 
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402, I001
 
+from benchmarks.draft_step_lanes import cost_json, measure_v2_step  # noqa: E402
 from dspark_demo.engine import TinyEngine  # noqa: E402
 
 
@@ -48,11 +51,14 @@ def serve(engine: dict) -> dict:
                 }
             )
         speculator = getattr(runner, "speculator", None)
+        count = engine.get("count_step")
+        step = None if count is None else cost_json(measure_v2_step(tiny, count))
         return {
             "runner": f"{type(runner).__module__}.{type(runner).__qualname__}",
             "speculator": type(speculator).__qualname__,
             "start_seconds": seconds,
             "runs": runs,
+            "step_cost": step,
         }
 
 

@@ -7,6 +7,7 @@ import fcntl
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,45 @@ def test_unknown_distribution_of_a_pinned_version(project: GeneratedProject, tre
     result = project.install(tree)
     assert_refused(result, ExitCode.REFUSED, "installed as 'vllm-rocm' is not supported")
     assert snapshot(tree) == before
+
+
+def add_distribution(tree: Path, name: str, version: str) -> None:
+    """A dist-info as pip leaves it (METADATA is what the installer reads)."""
+    dist_info = tree / f"{name}-{version}.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    )
+
+
+def test_pypi_torchvision_beside_cpu_torch_names_the_one_command(
+    project: GeneratedProject, tree: Path
+):
+    add_distribution(tree, "torch", "2.13.0+cpu")
+    add_distribution(tree, "torchvision", "0.28.0+cpu")  # the CPU index's build: fine
+    add_distribution(tree, "torchaudio", "2.13.0")
+    add_distribution(tree, "torchcodec", "0.9.0")
+    before = snapshot(tree)
+    result = project.install(tree)
+    assert (result.returncode, result.stdout, snapshot(tree) == before) == (
+        ExitCode.REFUSED,
+        "",
+        True,
+    )
+    assert result.stderr == (
+        "install.py: error: torch 2.13.0+cpu is PyTorch's CPU build, but torchaudio 2.13.0, "
+        "torchcodec 0.9.0 beside it are built for PyPI's torch, so vLLM would stop with "
+        f"'operator torchvision::nms does not exist'. Remove them first: {sys.executable} -m pip "
+        "uninstall -y torchaudio torchcodec. Nothing was written.\n"
+    )
+
+
+def test_the_companions_of_a_cuda_torch_are_not_refused(project: GeneratedProject, tree: Path):
+    """The control: the same packages beside PyPI's torch install."""
+    add_distribution(tree, "torch", "2.13.0")
+    add_distribution(tree, "torchvision", "0.28.0")
+    result = project.install(tree)
+    assert result.returncode == ExitCode.OK, result.stderr
 
 
 def test_dist_info_and_version_file_disagree(project: GeneratedProject, tree: Path):

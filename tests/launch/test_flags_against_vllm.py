@@ -151,3 +151,13 @@ def test_compilation_keys_the_launcher_does_not_own_pass(serve_parser, tmp_path,
     read = serve_parser.parse_args(["m", *spelling])
     assert read.compilation_config.max_cudagraph_capture_size is None
     assert guard(tmp_path, spelling) is None
+
+
+def test_a_mistyped_flag_is_named_with_vllms_closest_one():
+    with pytest.raises(serving_flags.FlagError) as caught:
+        serving_flags.parse_serve_args(["--enable-prefix-cacheing", "--block-size=256"])
+    assert str(caught.value) == (
+        "vLLM's serve parser: vllm serve: error: unrecognized arguments: "
+        "--enable-prefix-cacheing; closest vLLM flag: --enable-prefix-cacheing -> "
+        "--enable-prefix-caching"
+    )

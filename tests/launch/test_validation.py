@@ -107,6 +107,14 @@ def test_site_rule(tmp_path, check, key, value, message):
     check(site, message)
 
 
+def test_a_misspelled_required_key_is_named_beside_the_missing_one(tmp_path, check):
+    site = _site(tmp_path)
+    site["head"]["adress"] = site["head"].pop("address")
+    check(site, "head.address: required key is missing (the file has 'adress': a misspelling")
+    del site["head"]["adress"]  # the control: nothing close, nothing suggested
+    check(site, "head.address: required key is missing\n")
+
+
 def test_local_mode_rejects_image_and_worker_ssh(tmp_path, check):
     site = _site(tmp_path)
     site.update(mode="local", venv="/opt/venv")

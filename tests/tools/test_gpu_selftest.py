@@ -512,3 +512,19 @@ def test_the_graphs_adapter_asks_nothing_of_a_drafter_without_captured_graphs(mo
     assert draft_graphs.sampled_agreement(eager_only, seed=3) == {}
     monkeypatch.delattr(cudagraph, draft_graphs.SAMPLED_CHECK)
     assert draft_graphs.sampled_agreement(captured, seed=3) is None
+
+
+def test_a_python_without_torch_gets_one_line():
+    """`-S`: no site-packages, so neither torch nor vLLM (the control is every run above)."""
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", "tools.gpu_selftest"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.splitlines() == [
+        f"gpu self-test: {sys.executable} has no torch and no vllm: run it with the Python of "
+        "the vLLM that will serve (the image's python3, or that venv's bin/python)."
+    ]

@@ -19,7 +19,8 @@ Replaced, because a dry start loads no weights, runs no kernel and starts one ra
   their name checks;
 - the other ranks: PyTorch's fake process group stands in for them (collectives do nothing),
   the device communicator is vLLM's base class (no NCCL), the tensor-parallel group has no
-  shared-memory broadcaster;
+  shared-memory broadcaster, and which ranks share a node is answered from the deployment's
+  `--nnodes` (vLLM's probe would read another rank's broadcast, which a fake group never fills);
 - on a table device, free memory: each of the table's figures in turn (an integrated device's
   range at boot), measured by vLLM's `MemorySnapshot` and checked by its `request_memory`;
 - the device's memory use: the profile run and the graph capture run kernels, so the KV budget
@@ -351,6 +352,7 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
             dist.init_process_group(
                 "fake", store=FakeStore(), rank=self.rank, world_size=world_size
             )
+            answer_same_node_from_layout(self.parallel_config)
             init_worker_distributed_environment(
                 self.vllm_config, self.rank, "env://", self.local_rank, "fake"
             )
@@ -392,6 +394,27 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
         @override
         def _distributed_args(self) -> tuple[str, int, int]:
             return "env://", rank, 0
+
+    def answer_same_node_from_layout(parallel_config) -> None:
+        """vLLM's ``in_the_same_node_as`` broadcasts a shared-memory name from the source rank;
+        on a fake group the receiving ranks would unpickle uninitialised memory. Ranks fill
+        their nodes in order, ``world_size / nnodes`` each, as vLLM's multi-node launch does."""
+        from vllm.distributed import parallel_state
+
+        probe = parallel_state.in_the_same_node_as
+        per_node = parallel_config.world_size_across_dp // parallel_config.nnodes
+
+        def same_node_as(pg, source_rank: int = 0) -> list[bool]:
+            if isinstance(pg, dist.ProcessGroup):
+                ranks = dist.get_process_group_ranks(pg)
+            else:
+                ranks = list(range(pg.world_size))
+            return [r // per_node == ranks[source_rank] // per_node for r in ranks]
+
+        for module in list(sys.modules.values()):
+            # The module's own names only: a lazy module's getattr would import on the spot.
+            if vars(module).get("in_the_same_node_as") is probe:
+                module.in_the_same_node_as = same_node_as
 
     def no_broadcaster(cls, *args, **kwargs) -> None:
         """The tensor-parallel group's shared-memory queue waits for the other ranks."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib.util
 import json
 import sys
 import traceback
@@ -157,8 +158,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def missing_packages() -> list[str]:
+    """What the checks import that this Python lacks: the self-test runs on the serving vLLM."""
+    return [name for name in ("torch", "vllm") if importlib.util.find_spec(name) is None]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    missing = missing_packages()
+    if missing:
+        print(
+            f"gpu self-test: {sys.executable} has no {' and no '.join(missing)}: run it with the "
+            "Python of the vLLM that will serve (the image's python3, or that venv's "
+            "bin/python).",
+            file=sys.stderr,
+        )
+        return 2
     results = run_checks(args)
     has_cuda = cuda_available()
     failed = any(r["status"] == FAILED for r in results)

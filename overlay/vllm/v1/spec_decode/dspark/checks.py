@@ -3,10 +3,10 @@
 """Every start-up refusal of a DSpark configuration, its draft's config and files, in one place.
 
 A bad value stops start-up in one line naming the field and the fix, instead of failing at the
-first request or deep in a loader. ``check_draft`` runs the config and file checks before
-anything is built (``make_dspark_proposer`` calls it); the speculative-config fields are checked
-when the proposer reads them (``DSparkOptions.from_config``) and the loaded draft's tensors right
-after loading. Each field is looked up once (``target_layer_ids`` ...), each check is named for
+first request or deep in a loader. ``check_draft`` (the config and file checks) and
+``check_speculative_fields`` run in vLLM's front end once it has built the config, before any
+weight loads (``check_dspark_config``); the loaded draft's tensors are checked right after
+loading. Each field is looked up once (``target_layer_ids`` ...), each check is named for
 what it refuses, and all but the file checks are pure functions of config values. The
 DeepSeek-V4 draft's own fields are validated by its config class
 (``deepseek_v4/config.py``) and its ``mtp.*`` tensors by its strict loader.
@@ -45,6 +45,14 @@ DEEPSEEK_V4_UNSUPPORTED: Mapping[str, str] = {
     "in which the checkpoint ships their mtp.* tensors",
 }
 """Further fields refused for DeepSeek-V4 drafts (Qwen3 drafts honour ``quantization``)."""
+
+
+def unsupported_fields(family: str) -> Mapping[str, str]:
+    """The upstream fields the proposer of ``family`` refuses when set, with the reason."""
+    if family == "deepseek_v4":
+        return {**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED}
+    return PAGED_PROPOSER_UNSUPPORTED
+
 
 TARGET_INHERITED_FIELDS = ("quantization",)
 """Fields vLLM copies from the target when unset (``SpeculativeConfig.__post_init__``): set to

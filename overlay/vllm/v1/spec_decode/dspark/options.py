@@ -3,16 +3,14 @@
 """The V1 DSpark proposer's settings, read from vLLM's ``SpeculativeConfig``.
 
 Upstream's fields are honoured where they mean something for DSpark
-(``draft_sample_method``, ``dspark_draft_topk``, ...) and refused at start-up,
-naming the field, where a proposer cannot honour them (``checks.py``). The
+(``draft_sample_method``, ``dspark_draft_topk``, ...) and refused by vLLM's front
+end, naming the field, where a proposer cannot honour them (``checks.py``). The
 proposer's own settings are typed ``dspark_*`` fields that this project's patch
 adds to ``SpeculativeConfig`` (pydantic checks their types and ranges).
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm.v1.spec_decode.dspark.checks import RING_PROPOSER_UNSUPPORTED, check_speculative_fields
 from vllm.v1.spec_decode.dspark.scheduling import ConfidenceScheduleConfig
 
 
@@ -31,24 +29,12 @@ class DSparkOptions:
     """``dspark_confidence_*``: confidence-scheduled verification (off by default)."""
 
     @classmethod
-    def from_config(
-        cls,
-        speculative_config,
-        *,
-        async_scheduling: bool,
-        target_tensor_parallel_size: int,
-        unsupported: Mapping[str, str] = RING_PROPOSER_UNSUPPORTED,
-    ) -> "DSparkOptions":
-        """Read the fields; raise naming the field when they cannot be honoured."""
+    def from_config(cls, speculative_config) -> "DSparkOptions":
+        """Read the fields (``check_speculative_fields`` passed); the confidence pair raises
+        naming the field when it cannot be honoured."""
         scheduling = ConfidenceScheduleConfig(
             scheduler=speculative_config.dspark_confidence_scheduler,
             threshold=speculative_config.dspark_confidence_threshold,
-        )
-        check_speculative_fields(
-            speculative_config,
-            async_scheduling=async_scheduling,
-            target_tensor_parallel_size=target_tensor_parallel_size,
-            unsupported=unsupported,
         )
         # Read from the draft's config, where upstream puts the field's value
         # (or the checkpoint's own dspark_draft_topk) after validating it.

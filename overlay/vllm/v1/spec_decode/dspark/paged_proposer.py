@@ -17,6 +17,7 @@ per padded request count (``cudagraph.ChainGraphs``).
 """
 
 import copy
+import gc
 
 import torch
 from torch import nn
@@ -41,7 +42,6 @@ from vllm.v1.spec_decode.dspark.block import (
     trained_block_size,
 )
 from vllm.v1.spec_decode.dspark.checks import (
-    PAGED_PROPOSER_UNSUPPORTED,
     check_full_vocabulary,
     check_loaded_draft,
 )
@@ -49,6 +49,7 @@ from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.refusal import records_refusal
 
 logger = init_logger(__name__)
 
@@ -72,7 +73,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         # Read by DFlashProposer.__init__ to size and build the query block.
         self.num_query_per_req = num_block_queries(config, k)
         super().__init__(vllm_config, device, runner)
-        self._init_dspark(vllm_config, runner, PAGED_PROPOSER_UNSUPPORTED)
+        self._init_dspark(runner)
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows
         # [max_batch, block] query rows whose hidden states are sampled: from the
@@ -122,8 +123,15 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         return model
 
     @override
+    @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         super().load_model(target_model)
+        # vLLM's loader drops the draft's own embed_tokens / lm_head when it shares the
+        # target's (``_maybe_share_*``, as for DFlash and EAGLE); their weight loaders hold
+        # them in reference cycles, so their CPU oneDNN handles would be freed by a later
+        # garbage collection, perhaps inside torch.compile's FakeTensor mode, where their
+        # ``__del__`` fails ("Exception ignored in: CPUDNNLGEMMHandler.__del__"). Free now.
+        gc.collect()
         model = self.model
         check_full_vocabulary(
             model.draft_id_to_target_id is not None, self.draft_model_config.model

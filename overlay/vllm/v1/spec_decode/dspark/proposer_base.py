@@ -7,7 +7,6 @@ import functools
 
 import torch
 
-from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
@@ -21,14 +20,9 @@ class DSparkProposerMixin:
     """Mixed in before vLLM's proposer class (``SpecDecodeBaseProposer`` supplies
     ``_sample_from_logits``, ``speculative_config``, ``max_batch_size``, ...)."""
 
-    def _init_dspark(self, vllm_config: VllmConfig, runner, unsupported) -> None:
+    def _init_dspark(self, runner) -> None:
         self._runner = runner
-        self.options = DSparkOptions.from_config(
-            self.speculative_config,
-            async_scheduling=vllm_config.scheduler_config.async_scheduling,
-            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-            unsupported=unsupported,
-        )
+        self.options = DSparkOptions.from_config(self.speculative_config)
         self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
         self._draft_cudagraph_mode: CUDAGraphMode | None = None

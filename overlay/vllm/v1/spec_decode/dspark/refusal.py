@@ -14,12 +14,18 @@ this user.
 """
 
 import contextlib
+import functools
 import glob
 import os
 import stat
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 from vllm import envs
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 _PREFIX = "dspark-refusal-"
 _MAX_BYTES = 65536
@@ -42,6 +48,26 @@ def record_refusal(instance_id: str, message: str) -> None:
         return
     with os.fdopen(fd, "w", encoding="utf-8") as note:
         note.write(message)
+
+
+def refuse(instance_id: str, error: ValueError) -> None:
+    """Log a worker's refusal once more as one short line, and record it for the frontend."""
+    logger.error("DSpark refused the configuration: %s", error)
+    record_refusal(instance_id, str(error))
+
+
+def records_refusal(load_model: Callable[..., Any]) -> Callable[..., Any]:
+    """For a proposer's ``load_model``: a refusal of the loaded draft reaches the last line."""
+
+    @functools.wraps(load_model)
+    def load(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return load_model(self, *args, **kwargs)
+        except ValueError as error:
+            refuse(self.vllm_config.instance_id, error)
+            raise
+
+    return load
 
 
 def _take(path: str) -> str | None:

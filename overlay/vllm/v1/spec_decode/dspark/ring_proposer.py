@@ -36,7 +36,6 @@ from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.block import trained_block_size
-from vllm.v1.spec_decode.dspark.checks import DEEPSEEK_V4_UNSUPPORTED, RING_PROPOSER_UNSUPPORTED
 from vllm.v1.spec_decode.dspark.cudagraph import DraftGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     build_deepseek_v4_draft_model,
@@ -48,6 +47,7 @@ from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
 from vllm.v1.spec_decode.eagle import EagleProposer
@@ -88,9 +88,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             )
         super().__init__(vllm_config, device, runner)
         assert self.method == "dspark"
-        self._init_dspark(
-            vllm_config, runner, {**RING_PROPOSER_UNSUPPORTED, **DEEPSEEK_V4_UNSUPPORTED}
-        )
+        self._init_dspark(runner)
         self._slot_table = SlotTable(self.max_batch_size)
         # Short names for the table's state (the same dict and heap list).
         self._req_id_to_slot = self._slot_table.req_id_to_slot
@@ -120,6 +118,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
 
     # Model ------------------------------------------------------------------
     @override
+    @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         model = self._build_draft_model()
         process_weights_after_loading(model, self.draft_model_config, self.device)
