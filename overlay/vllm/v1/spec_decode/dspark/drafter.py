@@ -178,9 +178,11 @@ class BlockDrafter:
             topk=self.draft_topk,
             markov_bias_gathered=self.markov_bias_gathered,
             probs_out=self.draft_probs,
+            with_embeds=with_confidence,
         )
         confidence = None
         if with_confidence:
+            assert markov_embeds is not None
             confidence = self.heads.compute_confidence(confidence_hidden[:, sampled], markov_embeds)
         return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors, probs=probs)
 
