@@ -17,8 +17,7 @@ from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
 from vllm.v1.spec_decode.dspark import markov
-from vllm.v1.spec_decode.dspark.markov import markov_chain
-from vllm.v1.spec_decode.dspark.paged_proposer import plain_markov_weights
+from vllm.v1.spec_decode.dspark.markov import markov_chain, plain_markov_weights
 
 pytestmark = pytest.mark.unit
 

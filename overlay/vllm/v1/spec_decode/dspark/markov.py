@@ -31,6 +31,9 @@ from typing import NamedTuple
 
 import torch
 
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
 from vllm.triton_utils import HAS_TRITON
 
 PositionSampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
@@ -132,6 +135,23 @@ def markov_chain(
             probs[:, position].copy_(position_probs)
     markov_embeds = torch.stack(embeds, dim=1) if with_embeds else None
     return MarkovDrafts(torch.stack(drafts, dim=1), markov_embeds, probs)
+
+
+def plain_markov_weights(
+    head: DSparkMarkovHead, logits_processor: LogitsProcessor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(W1, W2)`` when ``head.bias`` through ``logits_processor`` is exactly ``W2 · W1[token]``
+    (unquantized, unsharded, unscaled, uncapped): what the fused greedy chain computes."""
+    w2 = head.markov_w2
+    plain = (
+        isinstance(w2.quant_method, UnquantizedEmbeddingMethod)
+        and w2.tp_size == 1
+        and w2.bias is None
+        and logits_processor.scale == 1.0
+        and logits_processor.soft_cap is None
+        and not logits_processor.logits_as_input
+    )
+    return (head.markov_w1.weight, w2.weight) if plain else None
 
 
 def fused_kernels_run_on(tensor: torch.Tensor) -> bool:

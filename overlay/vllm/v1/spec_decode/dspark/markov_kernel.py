@@ -96,10 +96,12 @@ def _greedy_last_kernel(
 
 
 def supported(w1: torch.Tensor, w2: torch.Tensor, base_logits: torch.Tensor) -> bool:
-    """Whether the kernels take these weights and ``[B, n, V]`` base logits."""
+    """Whether the kernels take these weights and ``[B, n, V]`` base logits: one dtype for all
+    three (the kernels round the bias and the sum to it)."""
     rank = w1.shape[1]
     return (
-        w2.shape[1] == rank
+        w1.dtype == w2.dtype == base_logits.dtype
+        and w2.shape[1] == rank
         and rank % min(K_CHUNK, rank) == 0
         and rank & (rank - 1) == 0
         and w2.shape[0] >= base_logits.shape[-1]

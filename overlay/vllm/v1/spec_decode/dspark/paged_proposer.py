@@ -26,11 +26,8 @@ from vllm.compilation.backends import set_model_tag
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
-from vllm.model_executor.layers.logits_processor import LogitsProcessor
-from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 from vllm.model_executor.model_loader import get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
-from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
 from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.platforms import current_platform
 from vllm.v1.attention.backend import CommonAttentionMetadata
@@ -50,7 +47,12 @@ from vllm.v1.spec_decode.dspark.checks import (
 )
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
+from vllm.v1.spec_decode.dspark.markov import (
+    PositionSampler,
+    greedy_sample,
+    markov_chain,
+    plain_markov_weights,
+)
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 
 logger = init_logger(__name__)
@@ -293,23 +295,6 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     def _markov_bias(self, markov_embed: torch.Tensor) -> torch.Tensor:
         """``W2 · W1[previous token]``, uncapped."""
         return self.model.model.markov_head.bias(markov_embed, self._markov_logits)
-
-
-def plain_markov_weights(
-    head: DSparkMarkovHead, logits_processor: LogitsProcessor
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(W1, W2)`` when ``head.bias`` through ``logits_processor`` is exactly ``W2 · W1[token]``
-    (unquantized, unscaled, uncapped, one rank): what the fused greedy chain computes."""
-    w2 = head.markov_w2
-    plain = (
-        isinstance(w2.quant_method, UnquantizedEmbeddingMethod)
-        and w2.tp_size == 1
-        and w2.bias is None
-        and logits_processor.scale == 1.0
-        and logits_processor.soft_cap is None
-        and not logits_processor.logits_as_input
-    )
-    return (head.markov_w1.weight, w2.weight) if plain else None
 
 
 def draft_kv_share(kv_cache_config: KVCacheConfig, draft_layer_names: set[str]) -> float:
