@@ -159,6 +159,10 @@ class StepCounter(TorchDispatchMode):
         finally:
             self._dspark_depth -= 1
 
+    def kernel_launch(self) -> None:
+        """One kernel launched outside torch's dispatch (a Triton kernel)."""
+        self._launch(self.phase)
+
     def _launch(self, phase: str) -> None:
         self.cost.launches[phase] += 1
         if self._dspark_depth:
@@ -269,6 +273,47 @@ def dspark_parts_marked(counter: StepCounter, drafter) -> Iterator[None]:
         yield
 
 
+class _RecordedKernel:
+    """A Triton kernel whose launches are counted, not run (Triton has no CPU backend here)."""
+
+    def __init__(self, counter: StepCounter) -> None:
+        self._counter = counter
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._counter.kernel_launch()
+
+
+@contextlib.contextmanager
+def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
+    """The greedy Markov chain as it runs where Triton does: ``markov_kernel``'s launcher, each
+    launch of its kernels counted; the drafts they write come from the same sums in torch, with
+    nothing counted (``tests/dspark/test_markov_kernel.py`` shows the two draft the same)."""
+    from torch.nn import functional
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from vllm.v1.spec_decode.dspark import markov, markov_kernel
+
+    launcher = markov_kernel.greedy_markov_chain
+
+    def launched(base_logits, anchor_tokens, w1, w2, drafts) -> None:
+        with pytest.MonkeyPatch.context() as kernels:
+            kernels.setattr(markov_kernel, "_greedy_step_kernel", _RecordedKernel(counter))
+            kernels.setattr(markov_kernel, "_greedy_last_kernel", _RecordedKernel(counter))
+            launcher(base_logits, anchor_tokens, w1, w2, drafts)
+        with _disable_current_modes():
+            previous = anchor_tokens.long()
+            vocab = base_logits.shape[-1]
+            for position in range(base_logits.shape[1]):
+                bias = functional.linear(functional.embedding(previous, w1), w2[:vocab])
+                previous = (base_logits[:, position] + bias).argmax(dim=-1)
+                drafts[:, position] = previous
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(markov, "fused_kernels_run_on", lambda tensor: True)
+        monkeypatch.setattr(markov_kernel, "greedy_markov_chain", launched)
+        yield
+
+
 def splitting_ops() -> set[str]:
     """vLLM's piecewise-graph splitting ops, as ``namespace::name``."""
     from vllm.config.compilation import CompilationConfig
@@ -350,6 +395,7 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
             graphed(counter, drafter),
             custom_ops_as_one_launch(counter, drafter.model),
             dspark_parts_marked(counter, drafter),
+            fused_markov_chain(counter),
         ):
             return propose(*args, **kwargs)
 

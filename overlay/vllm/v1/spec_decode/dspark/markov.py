@@ -171,11 +171,11 @@ def _fused_greedy_chain(
     from vllm.v1.spec_decode.dspark import markov_kernel
 
     num_requests, num_positions = base_logits.shape[:2]
-    drafts = anchor_tokens.new_empty(num_requests, num_positions, dtype=torch.int64)
-    markov_kernel.greedy_markov_chain(base_logits, anchor_tokens.long(), *markov_weights, drafts)
+    drafts = torch.empty(num_requests, num_positions, dtype=torch.int64, device=base_logits.device)
+    markov_kernel.greedy_markov_chain(base_logits, anchor_tokens, *markov_weights, drafts)
     markov_embeds = None
     if with_embeds:
-        previous = torch.cat([anchor_tokens.long()[:, None], drafts[:, :-1]], dim=1)
+        previous = torch.cat([anchor_tokens[:, None], drafts[:, :-1]], dim=1)
         markov_embeds = markov_embed(previous)
     return MarkovDrafts(drafts, markov_embeds, None)
 

@@ -119,13 +119,14 @@ def greedy_markov_chain(
     drafts: torch.Tensor,
 ) -> None:
     """Write into ``drafts`` (``[B, >= n]`` int64) the greedy chain over ``base_logits``
-    ``[B, n, V]`` from ``anchor_tokens`` ``[B]``: n + 1 launches."""
+    ``[B, n, V]`` from ``anchor_tokens`` ``[B]`` (any integer dtype): n + 1 launches."""
     num_requests, num_positions, vocab = base_logits.shape
     rank = w1.shape[1]
     num_blocks = triton.cdiv(vocab, BLOCK)
     blocks_pow2 = triton.next_power_of_2(num_blocks)
-    maxima = base_logits.new_empty(2, num_requests, num_blocks, dtype=torch.float32)
-    tokens = base_logits.new_empty(2, num_requests, num_blocks, dtype=torch.int64)
+    device = base_logits.device
+    maxima = torch.empty(2, num_requests, num_blocks, dtype=torch.float32, device=device)
+    tokens = torch.empty(2, num_requests, num_blocks, dtype=torch.int64, device=device)
     for step in range(num_positions):
         _greedy_step_kernel[(num_blocks, num_requests)](
             maxima[(step + 1) % 2],
