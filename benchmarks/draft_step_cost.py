@@ -27,9 +27,10 @@ Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly
 Greedy chains take the fused Markov kernels as on CUDA (``markov_kernel``): each of their
 Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts come
 from the same sums in torch). DSpark's proposers plan, capture and replay their FULL graphs as
-on CUDA, each graph replaced by its own function (``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies
-into the graphs' fixed inputs and out of their outputs as eager. The paged draft model's
-forward (DFlash and DSpark) counts as graph, as upstream's piecewise graphs replay it, except
+on CUDA, each graph replaced by its own function (``tests/cuda_graphs.py``): what a replay runs
+counts as graph, the copies into the graphs' fixed inputs and out of their outputs as eager.
+The paged draft model's forward (DFlash and DSpark) counts as graph, as upstream's piecewise
+graphs replay it, except
 vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
 ``--batch``; a ``--padded`` batch replays the next larger one.
 
