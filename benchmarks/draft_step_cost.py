@@ -24,10 +24,13 @@ dispatch mode that counts, per dispatched op:
     tensor inputs and outputs), printed for reference only.
 
 Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly around it.
-DSpark's proposers plan, capture and replay their FULL graphs as on CUDA, each graph replaced
-by its own function (``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies
-into the graphs' fixed inputs and out of their outputs as eager. The paged draft model's
-forward (DFlash and DSpark) counts as graph, as upstream's piecewise graphs replay it, except
+Greedy chains take the fused Markov kernels as on CUDA (``markov_kernel``): each of their
+Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts come
+from the same sums in torch). DSpark's proposers plan, capture and replay their FULL graphs as
+on CUDA, each graph replaced by its own function (``tests/cuda_graphs.py``): what a replay runs
+counts as graph, the copies into the graphs' fixed inputs and out of their outputs as eager.
+The paged draft model's forward (DFlash and DSpark) counts as graph, as upstream's piecewise
+graphs replay it, except
 vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
 ``--batch``; a ``--padded`` batch replays the next larger one.
 
@@ -277,6 +280,48 @@ def dspark_parts_marked(counter: StepCounter, drafter) -> Iterator[None]:
         yield
 
 
+class _RecordedKernel:
+    """A Triton kernel whose launches are counted, not run (Triton has no CPU backend here)."""
+
+    def __init__(self, counter: StepCounter, name: str) -> None:
+        self._counter = counter
+        self._name = name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._counter.count_kernel(f"triton::{self._name}")
+
+
+@contextlib.contextmanager
+def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
+    """The greedy Markov chain as it runs where Triton does: ``markov_kernel``'s launcher, each
+    launch of its kernels counted; the drafts they write come from the same sums in torch, with
+    nothing counted (``tests/dspark/test_markov_kernel.py`` shows the two draft the same)."""
+    from torch.nn import functional
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from vllm.v1.spec_decode.dspark import markov, markov_kernel
+
+    launcher = markov_kernel.greedy_markov_chain
+
+    def launched(base_logits, anchor_tokens, w1, w2, drafts) -> None:
+        with pytest.MonkeyPatch.context() as kernels:
+            for name in ("_greedy_step_kernel", "_greedy_last_kernel"):
+                kernels.setattr(markov_kernel, name, _RecordedKernel(counter, name))
+            launcher(base_logits, anchor_tokens, w1, w2, drafts)
+        with _disable_current_modes():
+            previous = anchor_tokens.long()
+            vocab = base_logits.shape[-1]
+            for position in range(base_logits.shape[1]):
+                bias = functional.linear(functional.embedding(previous, w1), w2[:vocab])
+                previous = (base_logits[:, position] + bias).argmax(dim=-1)
+                drafts[:, position] = previous
+
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(markov, "fused_kernels_run_on", lambda tensor: True)
+        monkeypatch.setattr(markov_kernel, "greedy_markov_chain", launched)
+        yield
+
+
 def splitting_ops() -> set[str]:
     """vLLM's piecewise-graph splitting ops, as ``namespace::name``."""
     from vllm.config.compilation import CompilationConfig
@@ -391,6 +436,7 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
             graphed(counter, drafter),
             custom_ops_as_one_launch(counter, drafter.model),
             dspark_parts_marked(counter, drafter),
+            fused_markov_chain(counter),
         ):
             yield
 

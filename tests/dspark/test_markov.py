@@ -55,7 +55,7 @@ def graph_sampler(metadata: SamplingMetadata) -> FixedTemperatureSampler:
     proposer = draft_sampler_proposer(True)
     sampler = FixedTemperatureSampler(proposer._sample_from_logits, rows, torch.device("cpu"))
     sampler.write(metadata, rows, rows)
-    return sampler
+    return sampler.begin(rows)
 
 
 def sampling_metadata(temperature: torch.Tensor) -> SamplingMetadata:
@@ -238,6 +238,25 @@ def test_the_graph_sampler_draws_what_vllms_sampler_draws_from_the_same_random_n
     torch.manual_seed(15)
     redrawn = markov_chain(base.clone(), anchors, heads.embed, heads.bias, sample=sample)
     assert not torch.equal(redrawn.token_ids, drafts["graph"].token_ids)  # the draws are random
+
+
+def test_the_graph_sampler_takes_the_argmax_of_each_greedy_row_of_a_mixed_batch():
+    """The greedy rows the graph sampler marks once a block draw what vLLM's sampler draws for
+    them at every position: the argmax, not a sample at temperature 1."""
+    rows = 64
+    logits = torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(16))
+    temperature = torch.tensor([0.0, TEMPERATURE] * (rows // 2))
+    metadata = sampling_metadata(temperature)
+    drawn = {}
+    for path, sample in (
+        ("eager", position_sampler(True, metadata)),
+        ("graph", graph_sampler(metadata)),
+    ):
+        torch.manual_seed(17)
+        drawn[path] = sample(logits.clone())
+    assert torch.equal(drawn["graph"][0], drawn["eager"][0])
+    assert torch.equal(drawn["graph"][1], drawn["eager"][1])
+    assert torch.equal(drawn["graph"][0][::2], logits[::2].argmax(-1))
 
 
 def test_probabilistic_drafts_write_into_the_one_preallocated_buffer():

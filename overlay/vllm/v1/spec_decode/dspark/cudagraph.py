@@ -38,6 +38,7 @@ from vllm.logger import init_logger
 from vllm.v1.attention.backend import AttentionCGSupport
 from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample
@@ -69,16 +70,17 @@ def draft_graph_sizes(
 
 class FixedTemperatureSampler:
     """vLLM's draft sampler reading per-request temperatures from a fixed buffer, so that one
-    captured graph samples any batch. Both batch flags are off, which takes the sampler's
-    general path for every batch: rows below vLLM's greedy threshold take the argmax, as they
-    do eagerly in a batch that mixes greedy and sampled requests. Padding rows sample at
-    temperature 1 and are dropped."""
+    captured graph samples any batch. Rows below vLLM's greedy threshold take the argmax, as they
+    do eagerly in a batch that mixes greedy and sampled requests; which rows those are, and
+    their temperature of 1, is worked out once a block (``begin``) rather than at every position
+    as the sampler's general path does. Padding rows sample at temperature 1 and are dropped."""
 
     def __init__(
         self, sample_from_logits: SampleFromLogits, max_requests: int, device: torch.device
     ) -> None:
         self._sample_from_logits = sample_from_logits
         self.temperature = torch.ones(max_requests, dtype=torch.float32, device=device)
+        self._greedy = torch.zeros(max_requests, dtype=torch.bool, device=device)
         self._template: SamplingMetadata | None = None
 
     def write(self, sampling_metadata: SamplingMetadata, num_requests: int, size: int) -> None:
@@ -90,15 +92,24 @@ class FixedTemperatureSampler:
             self.temperature[num_requests:size].fill_(1.0)
         self._template = sampling_metadata
 
+    def begin(self, size: int) -> "FixedTemperatureSampler":
+        """Before a block's first position: mark the greedy rows and give them temperature 1
+        (what vLLM's sampler does at every position of a batch that is not all random)."""
+        torch.lt(self.temperature[:size], _SAMPLING_EPS, out=self._greedy[:size])
+        self.temperature[:size].masked_fill_(self._greedy[:size], 1.0)
+        return self
+
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._template is not None, "write() must run before sampling"
+        rows = logits.shape[0]
         metadata = dataclasses.replace(
             self._template,
-            temperature=self.temperature[: logits.shape[0]],
+            temperature=self.temperature[:rows],
             all_greedy=False,
-            all_random=False,
+            all_random=True,
         )
-        return self._sample_from_logits(logits, metadata)
+        token_ids, probs = self._sample_from_logits(logits, metadata)
+        return torch.where(self._greedy[:rows], probs.argmax(dim=-1), token_ids), probs
 
 
 class RequestGraphs(ABC):
@@ -222,8 +233,9 @@ class RequestGraphs(ABC):
             assert self.sampler is not None
             self.sampler.write(sampling_metadata, num_requests, size)
 
-    def _sample(self, sampled: bool) -> PositionSampler:
-        return self.sampler if sampled and self.sampler is not None else greedy_sample
+    def _sample(self, sampled: bool, size: int) -> PositionSampler:
+        """The per-position sampler of a ``size`` graph; inside it, before its first position."""
+        return self.sampler.begin(size) if sampled and self.sampler is not None else greedy_sample
 
     @abstractmethod
     def _pad(self, num_requests: int, size: int) -> None:
@@ -303,7 +315,7 @@ class DraftGraphs(RequestGraphs):
             self._anchor_tokens[:size],
             self.num_drafts,
             with_confidence=self._with_confidence,
-            sample=self._sample(sampled),
+            sample=self._sample(sampled, size),
         )
         if output.confidence is None:
             return (output.token_ids,)
@@ -364,7 +376,7 @@ class ChainGraphs(RequestGraphs):
         drafts, confidence, _ = self._chain(
             self._hidden[: size * self.num_drafts],
             self._anchor_tokens[:size],
-            self._sample(sampled),
+            self._sample(sampled, size),
         )
         return (drafts,) if confidence is None else (drafts, confidence)
 

@@ -79,12 +79,15 @@ class BlockDrafter:
         draft_topk: int | None = None,
         markov_bias_gathered: GatheredBias | None = None,
         draft_probs: torch.Tensor | None = None,
+        markov_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """``draft_topk``: correct only the top-k base logits per position
         (``dspark_draft_topk``) with ``markov_bias_gathered``. ``draft_probs``:
         the preallocated ``[max requests, k, V]`` float32 buffer probabilistic
-        drafts write their distributions into."""
+        drafts write their distributions into. ``markov_weights``: ``(W1, W2)``
+        of a plain Markov head (``plain_markov_weights``), for the fused chain."""
         self.backbone = backbone
+        self.markov_weights = markov_weights
         self.draft_probs = draft_probs
         self.draft_topk = draft_topk
         self.markov_bias_gathered = markov_bias_gathered
@@ -178,9 +181,12 @@ class BlockDrafter:
             topk=self.draft_topk,
             markov_bias_gathered=self.markov_bias_gathered,
             probs_out=self.draft_probs,
+            with_embeds=with_confidence,
+            markov_weights=self.markov_weights,
         )
         confidence = None
         if with_confidence:
+            assert markov_embeds is not None
             confidence = self.heads.compute_confidence(confidence_hidden[:, sampled], markov_embeds)
         return DraftOutput(token_ids=token_ids, confidence=confidence, anchors=anchors, probs=probs)
 

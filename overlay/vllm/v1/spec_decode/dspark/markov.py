@@ -20,12 +20,21 @@ config and both implemented as upstream's V2 speculator does:
   is drawn from its corrected distribution and the next position conditions on
   the drawn token; the distributions are returned so that rejection sampling
   can use them.
+
+Greedy drafts without ``topk`` whose head is the plain ``W2 · W1[token]`` product
+(``markov_weights``) take the fused kernels of ``markov_kernel`` where Triton runs (CUDA): n + 1
+launches for the block instead of about four a position.
 """
 
 from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
+
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
+from vllm.triton_utils import HAS_TRITON
 
 PositionSampler = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
 """Maps one position's logits ``[B, V]`` to its tokens ``[B]`` and, for
@@ -40,9 +49,9 @@ GatheredBias = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 class MarkovDrafts(NamedTuple):
     token_ids: torch.Tensor
     """``[B, n]`` int64 drafts."""
-    markov_embeds: torch.Tensor
+    markov_embeds: torch.Tensor | None
     """``[B, n, r]`` Markov embedding of each position's previous token (the
-    confidence head's input)."""
+    confidence head's input), or None when not asked for."""
     probs: torch.Tensor | None
     """``[B, n, V]`` float32 distributions the drafts were drawn from, or None
     for greedy drafts."""
@@ -62,6 +71,8 @@ def markov_chain(
     topk: int | None = None,
     markov_bias_gathered: GatheredBias | None = None,
     probs_out: torch.Tensor | None = None,
+    with_embeds: bool = True,
+    markov_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> MarkovDrafts:
     """Left-to-right chain over ``base_logits`` ``[B, n, V]``.
 
@@ -72,10 +83,25 @@ def markov_chain(
     Probabilistic distributions are written position by position into
     ``probs_out`` (``[>= B, >= n, V]`` float32, the proposer's preallocated
     buffer, so the peak is one buffer, not k tensors and their stack); without
-    it, into one ``[B, n, V]`` tensor allocated at the first position.
+    it, into one ``[B, n, V]`` tensor allocated at the first position. ``with_embeds``: return
+    the Markov embeddings (the confidence head's input). ``markov_weights``: ``(W1, W2)`` when
+    ``markov_bias`` is exactly ``W2 · W1[token]`` (unquantized, unscaled, not capped), which lets
+    greedy drafts take the fused kernels.
     """
     if topk is not None and markov_bias_gathered is None:
         raise ValueError("markov_chain with topk needs markov_bias_gathered.")
+    if (
+        sample is greedy_sample
+        and topk is None
+        and markov_weights is not None
+        and fused_kernels_run_on(base_logits)
+    ):
+        from vllm.v1.spec_decode.dspark import markov_kernel
+
+        if markov_kernel.supported(*markov_weights, base_logits):
+            return _fused_greedy_chain(
+                base_logits, anchor_tokens, markov_embed, markov_weights, with_embeds
+            )
     num_positions = base_logits.shape[1]
     if topk is not None:
         base_values, candidates = base_logits.topk(topk, dim=-1)
@@ -101,12 +127,57 @@ def markov_chain(
         previous, position_probs = sample(logits)
         previous = previous.long()
         drafts.append(previous)
-        embeds.append(embed)
+        if with_embeds:
+            embeds.append(embed)
         if position_probs is not None:
             if probs is None:
                 probs = draft_probs_view(probs_out, num_requests, num_positions, position_probs)
             probs[:, position].copy_(position_probs)
-    return MarkovDrafts(torch.stack(drafts, dim=1), torch.stack(embeds, dim=1), probs)
+    markov_embeds = torch.stack(embeds, dim=1) if with_embeds else None
+    return MarkovDrafts(torch.stack(drafts, dim=1), markov_embeds, probs)
+
+
+def plain_markov_weights(
+    head: DSparkMarkovHead, logits_processor: LogitsProcessor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(W1, W2)`` when ``head.bias`` through ``logits_processor`` is exactly ``W2 · W1[token]``
+    (unquantized, unsharded, unscaled, uncapped): what the fused greedy chain computes."""
+    w2 = head.markov_w2
+    plain = (
+        isinstance(w2.quant_method, UnquantizedEmbeddingMethod)
+        and w2.tp_size == 1
+        and w2.bias is None
+        and logits_processor.scale == 1.0
+        and logits_processor.soft_cap is None
+        and not logits_processor.logits_as_input
+    )
+    return (head.markov_w1.weight, w2.weight) if plain else None
+
+
+def fused_kernels_run_on(tensor: torch.Tensor) -> bool:
+    """Whether ``markov_kernel``'s Triton kernels run where ``tensor`` lives."""
+    return HAS_TRITON and tensor.is_cuda
+
+
+def _fused_greedy_chain(
+    base_logits: torch.Tensor,
+    anchor_tokens: torch.Tensor,
+    markov_embed: Callable[[torch.Tensor], torch.Tensor],
+    markov_weights: tuple[torch.Tensor, torch.Tensor],
+    with_embeds: bool,
+) -> MarkovDrafts:
+    """``markov_chain``'s greedy loop as ``markov_kernel``'s launches; the embeddings, when
+    asked for, in one lookup of the anchor and the drafts before the last."""
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    num_requests, num_positions = base_logits.shape[:2]
+    drafts = torch.empty(num_requests, num_positions, dtype=torch.int64, device=base_logits.device)
+    markov_kernel.greedy_markov_chain(base_logits, anchor_tokens, *markov_weights, drafts)
+    markov_embeds = None
+    if with_embeds:
+        previous = torch.cat([anchor_tokens[:, None], drafts[:, :-1]], dim=1)
+        markov_embeds = markov_embed(previous)
+    return MarkovDrafts(drafts, markov_embeds, None)
 
 
 def draft_probs_buffer(

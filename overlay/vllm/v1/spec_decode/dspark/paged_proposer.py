@@ -47,7 +47,12 @@ from vllm.v1.spec_decode.dspark.checks import (
 )
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample, markov_chain
+from vllm.v1.spec_decode.dspark.markov import (
+    PositionSampler,
+    greedy_sample,
+    markov_chain,
+    plain_markov_weights,
+)
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
 
@@ -140,6 +145,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         # model's own bias goes through its capping logits processor.
         self._markov_logits = copy.copy(model.logits_processor)
         self._markov_logits.soft_cap = None
+        self._markov_weights = plain_markov_weights(model.model.markov_head, self._markov_logits)
         self._check_confidence_head(model.model.confidence_head is not None)
         # The chain graphs' input, allocated before vLLM's memory profile.
         self._chain_hidden = torch.zeros(
@@ -284,9 +290,12 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
             topk=self.options.draft_topk,
             markov_bias_gathered=self.model.apply_markov_bias_gathered,
             probs_out=self._draft_probs,
+            with_embeds=self.options.scheduling.needs_confidence,
+            markov_weights=self._markov_weights,
         )
         confidence = None
         if self.options.scheduling.needs_confidence:
+            assert markov_embeds is not None
             confidence = self.model.compute_confidence(hidden_states, markov_embeds.flatten(0, 1))
             confidence = confidence.view(num_requests, k)
         return drafts, confidence, probs

@@ -45,7 +45,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tenso
 from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import greedy_sample
+from vllm.v1.spec_decode.dspark.markov import greedy_sample, plain_markov_weights
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.ring import ContextRing
@@ -149,6 +149,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             draft_topk=self.options.draft_topk,
             markov_bias_gathered=model.markov_head.apply_bias_gathered,
             draft_probs=draft_probs,
+            markov_weights=plain_markov_weights(model.markov_head, model.logits_processor),
         )
         ring_mib = ring.values.numel() * ring.values.element_size() / 2**20
         logger.info(
