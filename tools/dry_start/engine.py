@@ -242,7 +242,8 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
         if error.code:
             said = lines[-1] if lines else "no message"
             raise Exited(
-                f"vLLM's serve parser exited with status {error.code}: {said}",
+                f"vLLM's serve parser exited with status {error.code}: {said}"
+                f"{closest_flags(parser, said)}",
                 "change serve_args to flags `vllm serve` accepts",
             ) from None
         raise Exited(
@@ -257,6 +258,16 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
     configure_logging_from_args(args)
     validate_parsed_serve_args(args)
     return args
+
+
+def closest_flags(parser: argparse.ArgumentParser, said: str) -> str:
+    """The launcher's hint of vLLM's closest flag to each it did not recognise; on a node, where
+    this file runs alone, the launcher has already named them."""
+    try:
+        from dspark_launch.serving_flags import closest_flags as launcher_hint
+    except ImportError:
+        return ""
+    return launcher_hint(parser, said)
 
 
 def create_config(args: argparse.Namespace):
