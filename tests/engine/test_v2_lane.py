@@ -8,7 +8,8 @@ Every V2 engine runs in one subprocess (``v2_lane_runner.py``: the host must be 
 before vLLM is imported), started first so that it runs while the V1 engines run here. Per
 family: the bigram pair serves a greedy batch, then a second turn that starts from a
 prefix-cache hit, a sampled request and a structured-output request, then counts one draft
-step's launches (``benchmarks/draft_step_lanes.py``); the oracle pair a greedy request. Here:
+step's launches (``benchmarks/draft_step_lanes.py``); the oracle pair a greedy request; last,
+Qwen3's bigram pair with probabilistic drafts a sampled request. Here:
 plain vLLM and the V1 lane's DSpark serve the same greedy runs in the same order on one engine
 each, and the V1 lane the structured-output request.
 
@@ -75,6 +76,20 @@ def v2_engines(family: str, models) -> list[dict[str, Any]]:
     ]
 
 
+def probabilistic_engine(models) -> dict[str, Any]:
+    """The bigram pair drafting by sampling, serving a sampled request: the draft logits kept
+    for rejection sampling and the residual resampled, through ``cpu_mrv2``'s stand-ins for
+    gumbel.py's store and rejection_sampler_utils.py's ``log1p``."""
+    return {
+        "target": str(models.bigram_target),
+        "speculative_config": dspark_config(
+            models.bigram_draft, k=K, draft_sample_method="probabilistic"
+        ),
+        "engine_args": {"max_num_seqs": 1},
+        "runs": [{"prompts": [SHORT], "max_tokens": 8, "sampling": SAMPLED}],
+    }
+
+
 class V2Lane:
     """The runner's subprocess, started at once; ``report`` waits for it (and leaves it beside
     the plan, for a reader of a failure)."""
@@ -101,6 +116,7 @@ class V2Lane:
 def v2_lane(tiny_family, tmp_path_factory: pytest.TempPathFactory) -> V2Lane:
     plan = tmp_path_factory.mktemp("v2-lane") / "plan.json"
     engines = [engine for f in FAMILIES for engine in v2_engines(f, tiny_family(f))]
+    engines.append(probabilistic_engine(tiny_family(FAMILIES[0])))
     plan.write_text(json.dumps(engines))
     return V2Lane(plan)
 
@@ -175,6 +191,14 @@ def test_acceptance_per_position_equals_the_v1_lane(v2_lane, v1_lane, family):
 def test_sampled_drafts_run(v2_lane, family):
     bigram, _ = v2_lane.engines(family)
     sampled = bigram["runs"][2]
+    assert sampled["drafts"] > 0
+    assert [len(tokens) for tokens in sampled["token_ids"]] == [8]
+
+
+def test_probabilistic_drafts_run(v2_lane):
+    engine = v2_lane.report["engines"][2 * len(FAMILIES)]
+    assert engine["speculator"] == "DSparkSpeculator"
+    (sampled,) = engine["runs"]
     assert sampled["drafts"] > 0
     assert [len(tokens) for tokens in sampled["token_ids"]] == [8]
 
