@@ -22,6 +22,10 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 FOLDER_TIERS = {"engine": "engine", "engine_v4": "engine", "docker": "docker"}
 TIERS = ("engine", "multiproc", "docker")
+# Files run slowest tier first: xdist hands out whole files in collection order (``--dist
+# loadfile``), so an image build or a two-rank serve started last would run alone at the end
+# while the other worker idles; the many short unit files fill the end instead.
+FILE_ORDER = ("docker", "multiproc", "engine", "unit")
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
@@ -32,3 +36,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(FOLDER_TIERS[folder])
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker("unit")
+    file_rank: dict[Path, int] = {}  # a file takes its slowest test's place
+    for item in items:
+        rank = next(i for i, tier in enumerate(FILE_ORDER) if item.get_closest_marker(tier))
+        file_rank[item.path] = min(file_rank.get(item.path, rank), rank)
+    items.sort(key=lambda item: file_rank[item.path])  # stable: files stay whole, in order

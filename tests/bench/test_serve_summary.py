@@ -4,27 +4,24 @@
 the summariser's pairing and refusals on small result files."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks import serve_summary
-from tests.helpers import vllm_cli_shim
+from vllm.entrypoints.cli.benchmark.serve import BenchmarkServingSubcommand
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 LEVELS = (1, 4)
 OUTPUT_LEN = 24
 
 
-def vllm_cli_env(root: Path) -> dict[str, str]:
-    """The environment in which `python -m vllm.entrypoints.cli.main` is the `vllm` command."""
-    env = dict(os.environ)
-    shim = vllm_cli_shim(root)
-    if shim:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, env.get("PYTHONPATH")]))
-    return env
+def bench_serve(argv: list[str]) -> None:
+    """`vllm bench serve ARGV`: the CLI's own subcommand (its parser and its `cmd`), run in this
+    process, so that each run does not pay a fresh interpreter and vLLM import."""
+    parser = FlexibleArgumentParser()
+    BenchmarkServingSubcommand.add_cli_args(parser)
+    BenchmarkServingSubcommand.cmd(parser.parse_args(argv))
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +29,9 @@ def bench_results(tiny_servers, tmp_path_factory) -> Path:
     """`vllm bench serve --save-result` at each level, the servers alternating level by level,
     as docs/benchmarks.md runs it."""
     root = tmp_path_factory.mktemp("bench-results")
-    env = vllm_cli_env(root)
     for concurrency in LEVELS:
         for name, server in tiny_servers.items():
-            command = [
-                sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+            bench_serve([
                 "--base-url", server.url,
                 "--dataset-name", "random", "--random-input-len", "8",
                 "--random-output-len", str(OUTPUT_LEN), "--ignore-eos", "--temperature", "0",
@@ -44,9 +39,7 @@ def bench_results(tiny_servers, tmp_path_factory) -> Path:
                 "--num-warmups", "1", "--seed", "0", "--disable-tqdm",
                 "--save-result", "--result-dir", str(root / name),
                 "--result-filename", f"c{concurrency}.json",
-            ]  # fmt: skip
-            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+            ])  # fmt: skip
     return root
 
 

@@ -18,11 +18,13 @@ How, and why it is fast:
 4. `docker import` the tree, tagged with a key of everything above: a rerun finds the tag and
    skips all of it.
 
-Run by hand: `.venv/bin/python tests/docker/standin.py` prints the tag it built or found.
+Run by hand: `.venv/bin/python tests/docker/standin.py` prints the tag it built or found;
+`--debootstrap-only` fetches step 1 alone into the cache.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
 import json
@@ -75,23 +77,25 @@ def run(command: list[str], step: str, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def debootstrap(root: Path, cache_dir: Path) -> None:
-    """A minimal Debian in `root`; the result is kept as a tarball in `cache_dir` for reruns."""
+def debootstrap_tarball(cache_dir: Path) -> Path:
+    """A minimal Debian as a tarball in `cache_dir`, made by `debootstrap` unless already there."""
     key = hashlib.sha256("\0".join((SUITE, MIRROR, *PACKAGES)).encode()).hexdigest()[:16]
     cached = cache_dir / f"debootstrap-{SUITE}-{key}.tar"
     if cached.is_file():
-        root.mkdir()
-        run(["tar", "-C", str(root), "-xf", str(cached)], "unpacking the cached debootstrap")
-        return
+        return cached
     if shutil.which("debootstrap") is None:
         raise StandinError("debootstrap not found: apt-get install debootstrap (as .ci/run does)")
     if os.geteuid() != 0:
         raise StandinError("debootstrap needs root: run the docker image test as root, as CI does")
-    command = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
-    run([*command, SUITE, str(root), MIRROR], "debootstrap")
-    partial = cached.with_suffix(".partial")
-    run(["tar", "-C", str(root), "-cf", str(partial), "."], "caching the debootstrap")
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="debootstrap-", dir=cache_dir) as scratch:
+        root = Path(scratch) / "rootfs"
+        command = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}"]
+        run([*command, SUITE, str(root), MIRROR], "debootstrap")
+        partial = cached.with_suffix(".partial")
+        run(["tar", "-C", str(root), "-cf", str(partial), "."], "caching the debootstrap")
     partial.rename(cached)  # only a complete tarball takes the final name
+    return cached
 
 
 def dist_packages(root: Path) -> Path:
@@ -174,7 +178,9 @@ def ensure_standin(docker: list[str], work_dir: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="standin-", dir=work_dir) as scratch:
         root = Path(scratch) / "rootfs"
         with timed("debootstrap"):
-            debootstrap(root, work_dir)
+            root.mkdir()
+            tarball = debootstrap_tarball(work_dir)
+            run(["tar", "-C", str(root), "-xf", str(tarball)], "unpacking the debootstrap")
         with timed("copy .venv and uninstall DSpark from the copy"):
             uninstall_dspark(copy_environment(root))
         changes = [arg for line in IMAGE_CONFIG for arg in ("--change", line)]
@@ -204,8 +210,24 @@ def timed(step: str) -> Iterator[None]:
     print(f"standin: {step}: {time.monotonic() - start:.0f} s", file=sys.stderr)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--debootstrap-only",
+        action="store_true",
+        help="only fetch and cache Debian's part (no .venv or Docker needed): .ci/run runs it "
+        "while the environments install",
+    )
+    args = parser.parse_args(argv)
+    work_dir = REPO / ".cache" / "docker-standin"
     try:
-        print(ensure_standin(["docker"], REPO / ".cache" / "docker-standin"))
+        if args.debootstrap_only:
+            print(debootstrap_tarball(work_dir))
+        else:
+            print(ensure_standin(["docker"], work_dir))
     except StandinError as error:
         sys.exit(f"standin: {error}")
+
+
+if __name__ == "__main__":
+    main()
