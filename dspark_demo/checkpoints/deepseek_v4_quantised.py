@@ -75,7 +75,8 @@ def quantise_mxfp4(weight: Tensor) -> tuple[Tensor, Tensor]:
     amax = groups.abs().amax(dim=-1).clamp(min=1e-30)
     exponent = torch.floor(torch.log2(amax)) - 2  # e2m1's largest exponent is 2 (6 = 1.5 * 4)
     scaled = (groups / torch.exp2(exponent)[..., None]).clamp(-6.0, 6.0)
-    index = (scaled.abs()[..., None] - E2M1_VALUES).abs().argmin(dim=-1)
+    # The nearest e2m1 value, a tie to the smaller one: the midpoints between the sorted values.
+    index = torch.bucketize(scaled.abs(), (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2)
     codes = (index | ((scaled < 0).long() << 3)).view(out_features, in_features).to(torch.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     return packed.view(torch.int8), e8m0(exponent)
@@ -141,7 +142,8 @@ def _mxfp4_values(packed: Tensor, scale: Tensor) -> Tensor:
     codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).flatten(1)
     signed = torch.cat([E2M1_VALUES, -E2M1_VALUES])
     exponents = scale.view(torch.uint8).float() - E8M0_BIAS
-    return signed[codes] * torch.exp2(exponents).repeat_interleave(MXFP4_GROUP, dim=1)
+    values = signed.index_select(0, codes.flatten()).view(codes.shape)
+    return values * torch.exp2(exponents).repeat_interleave(MXFP4_GROUP, dim=1)
 
 
 # The draft's routed experts in the oracle checkpoint add nothing (its ``w2`` is zero). With
