@@ -17,7 +17,7 @@ from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import rejection_sample
 from vllm.v1.spec_decode.dspark.cudagraph import FixedTemperatureSampler
-from vllm.v1.spec_decode.dspark.markov import greedy_sample, markov_chain
+from vllm.v1.spec_decode.dspark.markov import SampledDrafts, greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
@@ -41,10 +41,13 @@ def draft_sampler_proposer(probabilistic: bool) -> SimpleNamespace:
 
 
 def position_sampler(probabilistic: bool, metadata: SamplingMetadata):
-    """The proposers' per-position sampler: vLLM's ``_sample_from_logits`` (greedy_sample for
-    greedy drafts or all-greedy batches)."""
+    """The proposers' per-position sampler off the fused kernels: vLLM's ``_sample_from_logits``
+    (greedy_sample for greedy drafts or all-greedy batches)."""
     proposer = draft_sampler_proposer(probabilistic)
-    return DSparkProposerMixin._position_sampler(proposer, metadata)
+    sample = DSparkProposerMixin._position_sampler(proposer, metadata)
+    if isinstance(sample, SampledDrafts):
+        return sample.position_sampler(metadata.temperature.shape[0])
+    return sample
 
 
 def graph_sampler(metadata: SamplingMetadata) -> FixedTemperatureSampler:

@@ -15,8 +15,8 @@ target captures them. Their request counts follow the target's decode graphs: a 
 of n requests pads to the target graph that holds it, its draft to the same request count.
 
 A graph replays greedy or sampled drafts: per-request temperatures sit in a fixed buffer
-written before replay, and vLLM's draft sampler draws its noise from the default generator,
-which CUDA graphs advance on every replay.
+written before replay, and vLLM's draft sampler (or the fused chain's seed) draws from the
+default generator, which CUDA graphs advance on every replay.
 """
 
 import bisect
@@ -41,7 +41,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample
+from vllm.v1.spec_decode.dspark.markov import DraftSampler, SampledDrafts, greedy_sample
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 logger = init_logger(__name__)
@@ -73,7 +73,8 @@ class FixedTemperatureSampler:
     captured graph samples any batch. Rows below vLLM's greedy threshold take the argmax, as they
     do eagerly in a batch that mixes greedy and sampled requests; which rows those are, and
     their temperature of 1, is worked out once a block (``begin``) rather than at every position
-    as the sampler's general path does. Padding rows sample at temperature 1 and are dropped."""
+    as the sampler's general path does. Padding rows sample at temperature 1 and are dropped.
+    The fused chain reads the temperatures as written and applies the threshold itself."""
 
     def __init__(
         self, sample_from_logits: SampleFromLogits, max_requests: int, device: torch.device
@@ -233,9 +234,11 @@ class RequestGraphs(ABC):
             assert self.sampler is not None
             self.sampler.write(sampling_metadata, num_requests, size)
 
-    def _sample(self, sampled: bool, size: int) -> PositionSampler:
-        """The per-position sampler of a ``size`` graph; inside it, before its first position."""
-        return self.sampler.begin(size) if sampled and self.sampler is not None else greedy_sample
+    def _sample(self, sampled: bool, size: int) -> DraftSampler:
+        """How a ``size`` graph picks its drafts: at the fixed temperatures when sampled."""
+        if not sampled or self.sampler is None:
+            return greedy_sample
+        return SampledDrafts(self.sampler.temperature[:size], self.sampler.begin)
 
     @abstractmethod
     def _pad(self, num_requests: int, size: int) -> None:
@@ -323,7 +326,7 @@ class DraftGraphs(RequestGraphs):
 
 
 DraftChain = Callable[
-    [torch.Tensor, torch.Tensor, PositionSampler],
+    [torch.Tensor, torch.Tensor, DraftSampler],
     tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
 ]
 """``(hidden [B * k, H], anchor_tokens [B], sample) -> (drafts [B, k], confidence [B, k] or
@@ -414,7 +417,7 @@ def _agreement(proposer, sampled: bool, seed: int) -> dict[int, bool]:
                 all_greedy=False,
                 all_random=True,
             )
-            sample = functools.partial(proposer._sample_from_logits, sampling_metadata=metadata)
+            sample = proposer._position_sampler(metadata)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             with proposer._draft_context(size):

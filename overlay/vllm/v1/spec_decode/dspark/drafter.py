@@ -17,8 +17,8 @@ import torch
 
 from vllm.v1.spec_decode.dspark.backbone import DSparkBackbone
 from vllm.v1.spec_decode.dspark.markov import (
+    DraftSampler,
     GatheredBias,
-    PositionSampler,
     greedy_sample,
     markov_chain,
 )
@@ -147,7 +147,7 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
-        sample: PositionSampler = greedy_sample,
+        sample: DraftSampler = greedy_sample,
     ) -> DraftOutput:
         """Draft ``num_drafts`` tokens per request from its ring; ``sample``
         picks each position's token (argmax, or drawn for probabilistic drafts)."""
@@ -200,7 +200,7 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
-        sample: PositionSampler = greedy_sample,
+        sample: DraftSampler = greedy_sample,
     ) -> DraftOutput:
         """Write the step's context, then draft from it."""
         anchors = self.write_context(

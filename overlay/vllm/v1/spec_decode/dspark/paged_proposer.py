@@ -48,7 +48,7 @@ from vllm.v1.spec_decode.dspark.checks import (
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import (
-    PositionSampler,
+    DraftSampler,
     greedy_sample,
     markov_chain,
     plain_markov_weights,
@@ -274,7 +274,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         return drafts.reshape(-1), probs
 
     def _draft_chain(
-        self, hidden_states: torch.Tensor, anchor_tokens: torch.Tensor, sample: PositionSampler
+        self, hidden_states: torch.Tensor, anchor_tokens: torch.Tensor, sample: DraftSampler
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What runs after the draft forward: the block's base logits, the Markov chain over
         them and the confidence head (``[B, k]`` drafts and confidences, distributions)."""
