@@ -148,9 +148,11 @@ class BlockDrafter:
         num_drafts: int,
         with_confidence: bool = False,
         sample: DraftSampler = greedy_sample,
+        drafts_out: torch.Tensor | None = None,
     ) -> DraftOutput:
         """Draft ``num_drafts`` tokens per request from its ring; ``sample``
-        picks each position's token (argmax, or drawn for probabilistic drafts)."""
+        picks each position's token (argmax, or drawn for probabilistic drafts);
+        ``drafts_out``: the ``[>= B, >= k]`` int64 buffer they are written into."""
         num_requests = request_slots.shape[0]
         block_length = num_drafts + self.sample_offset
         block_ids = self._block_ids[:num_requests, :block_length]
@@ -183,6 +185,7 @@ class BlockDrafter:
             probs_out=self.draft_probs,
             with_embeds=with_confidence,
             markov_weights=self.markov_weights,
+            drafts_out=drafts_out,
         )
         confidence = None
         if with_confidence:

@@ -90,6 +90,7 @@ def markov_chain(
     probs_out: torch.Tensor | None = None,
     with_embeds: bool = True,
     markov_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+    drafts_out: torch.Tensor | None = None,
 ) -> MarkovDrafts:
     """Left-to-right chain over ``base_logits`` ``[B, n, V]``.
 
@@ -103,7 +104,9 @@ def markov_chain(
     it, into one ``[B, n, V]`` tensor allocated at the first position. ``with_embeds``: return
     the Markov embeddings (the confidence head's input). ``markov_weights``: ``(W1, W2)`` when
     ``markov_bias`` is exactly ``W2 · W1[token]`` (unquantized, unscaled, not capped), which lets
-    greedy and ``SampledDrafts`` drafts take the fused kernels.
+    greedy and ``SampledDrafts`` drafts take the fused kernels. ``drafts_out``: a ``[>= B, >= n]``
+    int64 buffer the drafts are written into (a CUDA graph's fixed output), or None for a new
+    tensor.
     """
     if topk is not None and markov_bias_gathered is None:
         raise ValueError("markov_chain with topk needs markov_bias_gathered.")
@@ -126,6 +129,7 @@ def markov_chain(
                 with_embeds,
                 sampled,
                 probs_out,
+                drafts_view(drafts_out, num_requests, num_positions, base_logits.device),
             )
     if isinstance(sample, SampledDrafts):
         sample = sample.position_sampler(num_requests)
@@ -161,7 +165,8 @@ def markov_chain(
                 )
             probs[:, position].copy_(position_probs)
     markov_embeds = torch.stack(embeds, dim=1) if with_embeds else None
-    return MarkovDrafts(torch.stack(drafts, dim=1), markov_embeds, probs)
+    token_ids = drafts_view(drafts_out, num_requests, num_positions, base_logits.device)
+    return MarkovDrafts(torch.stack(drafts, dim=1, out=token_ids), markov_embeds, probs)
 
 
 def plain_markov_weights(
@@ -194,6 +199,7 @@ def _fused_chain(
     with_embeds: bool,
     sampled: SampledDrafts | None,
     probs_out: torch.Tensor | None,
+    drafts: torch.Tensor,
 ) -> MarkovDrafts:
     """``markov_chain``'s loop as ``markov_kernel``'s launches; the embeddings, when asked for,
     in one lookup of the anchor and the drafts before the last. Sampled drafts take their seed
@@ -201,8 +207,6 @@ def _fused_chain(
     from vllm.v1.spec_decode.dspark import markov_kernel
 
     num_requests, num_positions, vocab_size = base_logits.shape
-    device = base_logits.device
-    drafts = torch.empty(num_requests, num_positions, dtype=torch.int64, device=device)
     probs = None
     if sampled is None:
         markov_kernel.greedy_markov_chain(base_logits, anchor_tokens, *markov_weights, drafts)
@@ -210,7 +214,7 @@ def _fused_chain(
         probs = draft_probs_view(
             probs_out, num_requests, num_positions, vocab_size, sampled.temperature
         )
-        seed = torch.randint(2**62, (1,), device=device)
+        seed = torch.randint(2**62, (1,), device=base_logits.device)
         markov_kernel.sampled_markov_chain(
             base_logits,
             anchor_tokens,
@@ -234,6 +238,15 @@ def draft_probs_buffer(
     sampling reads them): one buffer for every step, allocated (and written) before vLLM's memory
     profile so that the profile counts it."""
     return torch.zeros(max_num_requests, num_drafts, vocab_size, dtype=torch.float32, device=device)
+
+
+def drafts_view(
+    drafts_out: torch.Tensor | None, num_requests: int, num_positions: int, device: torch.device
+) -> torch.Tensor:
+    """``[B, n]`` int64 target of the chain's drafts."""
+    if drafts_out is None:
+        return torch.empty(num_requests, num_positions, dtype=torch.int64, device=device)
+    return drafts_out[:num_requests, :num_positions]
 
 
 def draft_probs_view(
