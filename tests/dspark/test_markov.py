@@ -308,6 +308,21 @@ def test_probabilistic_drafts_write_into_the_one_preallocated_buffer():
     assert (batch, VOCAB) not in stacked
 
 
+def test_drafts_are_written_into_a_given_buffer():
+    """A draft graph's fixed ``[max requests, k]`` output: the chain's drafts land in its first
+    rows, the rest untouched."""
+    heads = PlainHeads()
+    batch = 3
+    base = torch.randn(batch, K, VOCAB, generator=torch.Generator().manual_seed(11))
+    anchors = torch.arange(batch)
+    fresh = markov_chain(base, anchors, heads.embed, heads.bias)
+    buffer = torch.full((batch + 2, K), -1)
+    drafts = markov_chain(base, anchors, heads.embed, heads.bias, drafts_out=buffer)
+    assert drafts.token_ids.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:batch], fresh.token_ids)
+    assert bool((buffer[batch:] == -1).all())
+
+
 def test_greedy_method_or_greedy_batches_keep_argmax_drafts_without_probabilities():
     heads = PlainHeads()
     base = torch.randn(4, K, VOCAB, generator=torch.Generator().manual_seed(9))
