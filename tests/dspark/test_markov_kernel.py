@@ -181,5 +181,13 @@ def check_sampled_distribution(head, bias, weights, rows: int = 200) -> None:
     print("sampled drafts follow their distributions")
 
 
+def test_a_scaled_or_capped_bias_is_not_fused():
+    head, logits = markov_head(seed=2)
+    logits.scale = 0.5
+    assert plain_markov_weights(head, logits) is None
+    logits.scale, logits.soft_cap = 1.0, 30.0
+    assert plain_markov_weights(head, logits) is None
+
+
 if __name__ == "__main__":
     compare_interpreted_with_torch()
