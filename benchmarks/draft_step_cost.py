@@ -24,11 +24,12 @@ dispatch mode that counts, per dispatched op:
     tensor inputs and outputs), printed for reference only.
 
 Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly around it.
-Greedy chains take the fused Markov kernels as on CUDA (``markov_kernel``): each of their
-Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts come
-from the same sums in torch). DSpark's proposers plan, capture and replay their FULL graphs as
-on CUDA, each graph replaced by its own function (``tests/cuda_graphs.py``): what a replay runs
-counts as graph, the copies into the graphs' fixed inputs and out of their outputs as eager.
+Greedy and sampled chains take the fused Markov kernels as on CUDA (``markov_kernel``): each of
+their Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts
+and distributions come from the same sums in torch). DSpark's proposers plan, capture and
+replay their FULL graphs as on CUDA, each graph replaced by its own function
+(``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies into the graphs'
+fixed inputs and out of their outputs as eager.
 The paged draft model's forward (DFlash and DSpark) counts as graph, as upstream's piecewise
 graphs replay it, except
 vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
@@ -293,32 +294,50 @@ class _RecordedKernel:
 
 @contextlib.contextmanager
 def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
-    """The greedy Markov chain as it runs where Triton does: ``markov_kernel``'s launcher, each
-    launch of its kernels counted; the drafts they write come from the same sums in torch, with
-    nothing counted (``tests/dspark/test_markov_kernel.py`` shows the two draft the same)."""
+    """The Markov chain as it runs where Triton does: ``markov_kernel``'s launchers, each launch
+    of their kernels counted; the drafts (and the distributions of sampled ones) they write come
+    from the same sums in torch, with nothing counted (``tests/dspark/test_markov_kernel.py``
+    shows the two draft the same)."""
     from torch.nn import functional
     from torch.utils._python_dispatch import _disable_current_modes
 
+    from vllm.v1.sample.sampler import _SAMPLING_EPS
     from vllm.v1.spec_decode.dspark import markov, markov_kernel
 
-    launcher = markov_kernel.greedy_markov_chain
+    launchers = {
+        name: getattr(markov_kernel, name)
+        for name in ("greedy_markov_chain", "sampled_markov_chain")
+    }
 
-    def launched(base_logits, anchor_tokens, w1, w2, drafts) -> None:
-        with pytest.MonkeyPatch.context() as kernels:
-            for name in ("_greedy_step_kernel", "_greedy_last_kernel"):
-                kernels.setattr(markov_kernel, name, _RecordedKernel(counter, name))
-            launcher(base_logits, anchor_tokens, w1, w2, drafts)
-        with _disable_current_modes():
-            previous = anchor_tokens.long()
-            vocab = base_logits.shape[-1]
-            for position in range(base_logits.shape[1]):
-                bias = functional.linear(functional.embedding(previous, w1), w2[:vocab])
-                previous = (base_logits[:, position] + bias).argmax(dim=-1)
-                drafts[:, position] = previous
+    def launched(name: str):
+        def launch(base_logits, anchor_tokens, w1, w2, drafts, *sampling) -> None:
+            with pytest.MonkeyPatch.context() as kernels:
+                for kernel in ("_step_kernel", "_last_kernel"):
+                    kernels.setattr(markov_kernel, kernel, _RecordedKernel(counter, kernel))
+                launchers[name](base_logits, anchor_tokens, w1, w2, drafts, *sampling)
+            with _disable_current_modes():
+                previous = anchor_tokens.long()
+                vocab = base_logits.shape[-1]
+                for position in range(base_logits.shape[1]):
+                    bias = functional.linear(functional.embedding(previous, w1), w2[:vocab])
+                    logits = base_logits[:, position] + bias
+                    previous = logits.argmax(dim=-1)
+                    if sampling:
+                        temperature, _, probs = sampling
+                        greedy = temperature < _SAMPLING_EPS
+                        scale = torch.where(greedy, 1.0, temperature)[:, None]
+                        probs[:, position] = (logits / scale).softmax(-1, dtype=torch.float32)
+                        noise = torch.empty_like(probs[:, position]).exponential_()
+                        drawn = (probs[:, position] / noise).argmax(dim=-1)
+                        previous = torch.where(greedy, previous, drawn)
+                    drafts[:, position] = previous
+
+        return launch
 
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(markov, "fused_kernels_run_on", lambda tensor: True)
-        monkeypatch.setattr(markov_kernel, "greedy_markov_chain", launched)
+        for name in launchers:
+            monkeypatch.setattr(markov_kernel, name, launched(name))
         yield
 
 

@@ -162,7 +162,8 @@ def step_cost(
     """One draft step of ``batch`` requests decoding, ``k`` drafts each, every draft accepted
     (``k + 1`` new context tokens per request). ``topk``: DSpark's candidate pruning
     (``dspark_draft_topk``): the Markov bias only for each position's ``topk`` largest base
-    logits, its ``W2`` columns gathered instead of read in full."""
+    logits, its ``W2`` columns gathered instead of read in full. Without it DSpark's chain is
+    ``markov_kernel``'s fused kernels: the bias and the draw stay in registers."""
     cost = StepCost()
     queries = (g.block if dspark else k + 1) * batch
     new_context = (k + 1) * batch
@@ -186,7 +187,12 @@ def step_cost(
     cost.weight_bytes += h * g.vocab * 2
     cost.activation_bytes += rows * (h * 2 + g.vocab * 4)
     logit_rows = rows * g.vocab * 4
-    if sampled:
+    fused = dspark and topk is None
+    if fused:
+        # Each position's base row read once; sampled: its scaled logits written, then read
+        # and rewritten as the distribution.
+        cost.activation_bytes += (4 if sampled else 1) * logit_rows
+    elif sampled:
         # vLLM's draft sampler: temperature, softmax, the exponential race, argmax; about
         # six passes over the float32 logits, and the distributions written.
         cost.activation_bytes += 7 * logit_rows
@@ -200,8 +206,9 @@ def step_cost(
         for _ in range(k):
             cost.weight_bytes += batch * r * 2 + r * columns * 2  # W1 rows, W2's columns
             cost.flops += 2 * batch * r * min(columns, g.vocab)
-            # bias written, base row and bias read, biased row written (then sampled above).
-            cost.activation_bytes += batch * g.vocab * 4 * 4
+            if not fused:
+                # bias written, base row and bias read, biased row written (then sampled above).
+                cost.activation_bytes += batch * g.vocab * 4 * 4
         if confidence:
             cost.gemm(rows, h + r, 1)
     return cost

@@ -174,14 +174,18 @@ TEMPERATURES = {"greedy": [0.0, 0.0, 0.0], "sampled": [0.0, 0.8, 1.0]}
 
 
 def record_replays(graphs, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, bool]]:
-    """Every ``draft`` of ``graphs`` (``DraftGraphs`` or ``ChainGraphs``, whose calls end with
-    the anchor tokens, the size and the sampling metadata) as (requests, size, sampled)."""
+    """Every ``draft`` of ``graphs`` (``DraftGraphs``, whose calls end with the anchor tokens,
+    the size and the sampling metadata, or ``ChainGraphs``, whose calls are the ``[B * k, H]``
+    hidden states, the size and the sampling metadata) as (requests, size, sampled)."""
+    from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs
+
     replayed: list[tuple[int, int, bool]] = []
     draft = graphs.draft
+    rows_per_request = graphs.num_drafts if isinstance(graphs, ChainGraphs) else 1
 
     def recorded(*args):
-        anchor_tokens, size, metadata = args[-3:]
-        replayed.append((anchor_tokens.shape[0], size, metadata is not None))
+        rows, size, metadata = args[-3:]
+        replayed.append((rows.shape[0] // rows_per_request, size, metadata is not None))
         return draft(*args)
 
     monkeypatch.setattr(graphs, "draft", recorded)

@@ -17,7 +17,7 @@ from vllm.v1.sample.logits_processor import LogitsProcessors
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.rejection_sampler import rejection_sample
 from vllm.v1.spec_decode.dspark.cudagraph import FixedTemperatureSampler
-from vllm.v1.spec_decode.dspark.markov import greedy_sample, markov_chain
+from vllm.v1.spec_decode.dspark.markov import SampledDrafts, greedy_sample, markov_chain
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
@@ -41,10 +41,13 @@ def draft_sampler_proposer(probabilistic: bool) -> SimpleNamespace:
 
 
 def position_sampler(probabilistic: bool, metadata: SamplingMetadata):
-    """The proposers' per-position sampler: vLLM's ``_sample_from_logits`` (greedy_sample for
-    greedy drafts or all-greedy batches)."""
+    """The proposers' per-position sampler off the fused kernels: vLLM's ``_sample_from_logits``
+    (greedy_sample for greedy drafts or all-greedy batches)."""
     proposer = draft_sampler_proposer(probabilistic)
-    return DSparkProposerMixin._position_sampler(proposer, metadata)
+    sample = DSparkProposerMixin._position_sampler(proposer, metadata)
+    if isinstance(sample, SampledDrafts):
+        return sample.position_sampler(metadata.temperature.shape[0])
+    return sample
 
 
 def graph_sampler(metadata: SamplingMetadata) -> FixedTemperatureSampler:
@@ -303,6 +306,21 @@ def test_probabilistic_drafts_write_into_the_one_preallocated_buffer():
     torch.testing.assert_close(drafts.probs, unbuffered.probs)
     assert bool((buffer[batch:] == -1).all())
     assert (batch, VOCAB) not in stacked
+
+
+def test_drafts_are_written_into_a_given_buffer():
+    """A draft graph's fixed ``[max requests, k]`` output: the chain's drafts land in its first
+    rows, the rest untouched."""
+    heads = PlainHeads()
+    batch = 3
+    base = torch.randn(batch, K, VOCAB, generator=torch.Generator().manual_seed(11))
+    anchors = torch.arange(batch)
+    fresh = markov_chain(base, anchors, heads.embed, heads.bias)
+    buffer = torch.full((batch + 2, K), -1)
+    drafts = markov_chain(base, anchors, heads.embed, heads.bias, drafts_out=buffer)
+    assert drafts.token_ids.data_ptr() == buffer.data_ptr()
+    assert torch.equal(buffer[:batch], fresh.token_ids)
+    assert bool((buffer[batch:] == -1).all())
 
 
 def test_greedy_method_or_greedy_batches_keep_argmax_drafts_without_probabilities():

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
-"""The fused greedy Markov chain (``markov_kernel``) under Triton's interpreter against the
-plain-torch chain with vLLM's Markov head: the same drafts and embeddings at fp32.
+"""The fused Markov chain (``markov_kernel``) under Triton's interpreter against the plain-torch
+chain with vLLM's Markov head: at fp32, the same greedy drafts and embeddings; the same sampled
+drafts as vLLM's draft sampler given the kernel's noise, with the same distributions; and
+sampled drafts that follow the distributions they return.
 
 Triton's interpreter must be on when Triton is first imported (its own library functions are
 built then), so the comparison runs in a fresh interpreter with ``TRITON_INTERPRET=1``."""
@@ -16,8 +18,15 @@ import torch
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
+from vllm.v1.sample.ops.topk_topp_sampler import sample_with_exponential_noise
+from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dspark import markov
-from vllm.v1.spec_decode.dspark.markov import markov_chain, plain_markov_weights
+from vllm.v1.spec_decode.dspark.markov import (
+    PositionSampler,
+    SampledDrafts,
+    markov_chain,
+    plain_markov_weights,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -46,6 +55,8 @@ def test_fused_greedy_chain_drafts_what_the_torch_chain_does():
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("same drafts"), result.stdout[-3000:]
+    assert "same sampled drafts" in result.stdout, result.stdout[-3000:]
+    assert "sampled drafts follow their distributions" in result.stdout, result.stdout[-3000:]
 
 
 def compare_interpreted_with_torch() -> None:
@@ -80,7 +91,94 @@ def compare_interpreted_with_torch() -> None:
         base, anchors, head.embed, bias, markov_weights=weights, with_embeds=False
     )
     assert without.markov_embeds is None and torch.equal(without.token_ids, fused.token_ids)
+    compare_sampled(base, anchors, head, bias, weights)
+    check_sampled_distribution(head, bias, weights)
     print("same drafts")
+
+
+def kernel_uniforms(seed: torch.Tensor, rows: int, positions: int, vocab: int) -> torch.Tensor:
+    """``[rows, positions, vocab]``: the uniforms the sampled kernel draws under ``seed``."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def uniforms(seed_ptr, out_ptr, vocab, positions, BLOCK: tl.constexpr):
+        r, step = tl.program_id(0), tl.program_id(1)
+        v = tl.arange(0, BLOCK)
+        u = tl.rand(tl.load(seed_ptr) + r, step * vocab + v)
+        tl.store(out_ptr + (r * positions + step) * vocab + v, u, mask=v < vocab)
+
+    out = torch.empty(rows, positions, vocab)
+    uniforms[(rows, positions)](seed, out, vocab, positions, BLOCK=triton.next_power_of_2(vocab))
+    return out
+
+
+def vllm_sampler_with_noise(temperature: torch.Tensor, uniforms: torch.Tensor) -> PositionSampler:
+    """vLLM's draft sampler (``compute_probs_and_sample_next_token``) at ``temperature`` whose
+    exponential noise at position j is ``-log(uniforms[:, j])``."""
+    positions = iter(range(uniforms.shape[1]))
+
+    def sample(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = -torch.log(uniforms[:, next(positions)])
+        greedy = temperature < _SAMPLING_EPS
+        probs = (logits / torch.where(greedy, 1.0, temperature)[:, None]).softmax(-1)
+        tokens = sample_with_exponential_noise(probs.clone(), q)
+        return torch.where(greedy, probs.argmax(-1), tokens), probs
+
+    return sample
+
+
+def compare_sampled(base, anchors, head, bias, weights) -> None:
+    """Sampled drafts at temperatures 0 (greedy), 0.8 and 1.3: the kernel's tokens are vLLM's
+    sampler's given the kernel's noise, and its distributions are the torch chain's."""
+    temperature = torch.tensor([0.0, 0.8, 1.3])
+    torch.manual_seed(5)
+    fused = markov_chain(
+        base,
+        anchors,
+        head.embed,
+        bias,
+        sample=SampledDrafts(temperature, lambda rows: pytest.fail("not fused")),
+        markov_weights=weights,
+    )
+    torch.manual_seed(5)  # the seed the fused chain drew
+    uniforms = kernel_uniforms(torch.randint(2**62, (1,)), BATCH, N, VOCAB)
+    sampler = vllm_sampler_with_noise(temperature, uniforms)
+    reference = markov_chain(
+        base, anchors, head.embed, bias, sample=SampledDrafts(temperature, lambda rows: sampler)
+    )
+    assert torch.equal(fused.token_ids, reference.token_ids), (fused.token_ids, reference.token_ids)
+    assert fused.probs is not None and reference.probs is not None
+    torch.testing.assert_close(fused.probs, reference.probs, rtol=1e-5, atol=1e-7)
+    # The noise matters: the sampled rows are not all their argmax.
+    assert not torch.equal(fused.token_ids[1:], fused.probs[1:].argmax(-1))
+    print("same sampled drafts")
+
+
+def check_sampled_distribution(head, bias, weights, rows: int = 200) -> None:
+    """One position drawn for ``rows`` identical requests over four tokens: the frequencies
+    fit the distribution the kernel returns (chi-squared, 3 degrees of freedom, p < 1e-4
+    rejects)."""
+    vocab = 4
+    anchors = torch.full((rows,), 7)
+    temperature = torch.full((rows,), 4.0)
+    torch.manual_seed(0)
+    drafts = markov_chain(
+        torch.zeros(rows, 1, vocab),
+        anchors,
+        head.embed,
+        bias,
+        sample=SampledDrafts(temperature, lambda rows: pytest.fail("not fused")),
+        markov_weights=weights,
+    )
+    assert drafts.probs is not None
+    probs = drafts.probs[0, 0].double()
+    assert torch.allclose(drafts.probs, drafts.probs[:1])
+    assert probs.max() < 0.6, f"a spread distribution tests the draw: {probs}"
+    counts = torch.bincount(drafts.token_ids[:, 0], minlength=vocab).double()
+    chi2 = ((counts - rows * probs) ** 2 / (rows * probs)).sum()
+    assert chi2 < 21.1, (counts, rows * probs)
+    print("sampled drafts follow their distributions")
 
 
 def test_a_scaled_or_capped_bias_is_not_fused():

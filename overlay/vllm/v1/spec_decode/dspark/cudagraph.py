@@ -15,8 +15,8 @@ target captures them. Their request counts follow the target's decode graphs: a 
 of n requests pads to the target graph that holds it, its draft to the same request count.
 
 A graph replays greedy or sampled drafts: per-request temperatures sit in a fixed buffer
-written before replay, and vLLM's draft sampler draws its noise from the default generator,
-which CUDA graphs advance on every replay.
+written before replay, and vLLM's draft sampler (or the fused chain's seed) draws from the
+default generator, which CUDA graphs advance on every replay.
 """
 
 import bisect
@@ -41,7 +41,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
 from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.markov import PositionSampler, greedy_sample
+from vllm.v1.spec_decode.dspark.markov import DraftSampler, SampledDrafts, greedy_sample
 from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 logger = init_logger(__name__)
@@ -73,7 +73,8 @@ class FixedTemperatureSampler:
     captured graph samples any batch. Rows below vLLM's greedy threshold take the argmax, as they
     do eagerly in a batch that mixes greedy and sampled requests; which rows those are, and
     their temperature of 1, is worked out once a block (``begin``) rather than at every position
-    as the sampler's general path does. Padding rows sample at temperature 1 and are dropped."""
+    as the sampler's general path does. Padding rows sample at temperature 1 and are dropped.
+    The fused chain reads the temperatures as written and applies the threshold itself."""
 
     def __init__(
         self, sample_from_logits: SampleFromLogits, max_requests: int, device: torch.device
@@ -118,9 +119,15 @@ class RequestGraphs(ABC):
     are): one set for greedy drafts and, given vLLM's draft sampler, one for sampled ones.
 
     Subclasses name the stage (``stage``), hold its fixed inputs, pad them (``_pad``) and run
-    the stage on them (``_run``); rows past the batch are padding and are dropped. Sampled
-    graphs write their distributions into the proposer's ``draft_probs`` buffer, as the eager
-    step does.
+    the stage on them (``_run``); rows past the batch are padding and are dropped. The graphs
+    write their drafts in place into one ``[max requests, k]`` buffer and sampled graphs their
+    distributions into the proposer's ``draft_probs`` buffer, as the eager step does.
+
+    The runner reads the drafts in the next step's inputs and copies them to the host on its
+    own stream. Without async scheduling it waits for that copy before the next step, so the
+    next replay cannot overwrite them first and a view of the buffer is handed out; under async
+    scheduling nothing orders that copy before the next replay, so the drafts are cloned.
+    Other outputs (the confidences) are read in the step that drafted them and never cloned.
     """
 
     stage: str
@@ -141,7 +148,8 @@ class RequestGraphs(ABC):
         self._vllm_config = vllm_config
         self._draft_probs = draft_probs
         largest = self.sizes[-1]
-        self._anchor_tokens = torch.zeros(largest, dtype=torch.int64, device=device)
+        self._draft_tokens = torch.zeros(largest, num_drafts, dtype=torch.int64, device=device)
+        self._clone_drafts = vllm_config.scheduler_config.async_scheduling
         self.sampler = (
             None
             if sample_from_logits is None
@@ -202,40 +210,37 @@ class RequestGraphs(ABC):
         )
 
     def _replay(
-        self,
-        anchor_tokens: torch.Tensor,
-        size: int,
-        sampling_metadata: SamplingMetadata | None,
-    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Replay the ``size`` graph for the ``len(anchor_tokens)`` requests whose other inputs
-        the subclass wrote: its outputs, and the distributions of sampled drafts."""
-        num_requests = anchor_tokens.shape[0]
-        self._anchor_tokens[:num_requests].copy_(anchor_tokens)
+        self, num_requests: int, size: int, sampling_metadata: SamplingMetadata | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Replay the ``size`` graph for ``num_requests`` requests whose inputs the subclass
+        wrote: their drafts, confidences (or None) and the distributions of sampled drafts."""
         self._load(num_requests, size, sampling_metadata)
         sampled = sampling_metadata is not None
         with self._context(size, CUDAGraphMode.FULL):
-            # The next replay overwrites the graph's outputs; the runner may still read these.
-            outputs = [t[:num_requests].clone() for t in self._graphs[sampled](size)]
+            confidence = [t[:num_requests] for t in self._graphs[sampled](size)]
+        drafts = self._draft_tokens[:num_requests]
         probs = None
         if sampled:
             assert self._draft_probs is not None
             probs = self._draft_probs[:num_requests, : self.num_drafts]
-        return outputs, probs
+        drafts = drafts.clone() if self._clone_drafts else drafts
+        return drafts, confidence[0] if confidence else None, probs
 
     def _load(
         self, num_requests: int, size: int, sampling_metadata: SamplingMetadata | None
     ) -> None:
         """Pad the fixed inputs past ``num_requests`` up to ``size``; write the temperatures."""
         if num_requests < size:
-            self._anchor_tokens[num_requests:size].zero_()
             self._pad(num_requests, size)
         if sampling_metadata is not None:
             assert self.sampler is not None
             self.sampler.write(sampling_metadata, num_requests, size)
 
-    def _sample(self, sampled: bool, size: int) -> PositionSampler:
-        """The per-position sampler of a ``size`` graph; inside it, before its first position."""
-        return self.sampler.begin(size) if sampled and self.sampler is not None else greedy_sample
+    def _sample(self, sampled: bool, size: int) -> DraftSampler:
+        """How a ``size`` graph picks its drafts: at the fixed temperatures when sampled."""
+        if not sampled or self.sampler is None:
+            return greedy_sample
+        return SampledDrafts(self.sampler.temperature[:size], self.sampler.begin)
 
     @abstractmethod
     def _pad(self, num_requests: int, size: int) -> None:
@@ -243,7 +248,8 @@ class RequestGraphs(ABC):
 
     @abstractmethod
     def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
-        """The stage on the first ``size`` rows of the fixed inputs: ``[size, ...]`` outputs."""
+        """The stage on the first ``size`` rows of the fixed inputs, drafts written into
+        ``_draft_tokens``: the ``[size, k]`` confidences, or nothing."""
 
     def _context(self, size: int, mode: CUDAGraphMode):
         return set_forward_context(
@@ -280,6 +286,7 @@ class DraftGraphs(RequestGraphs):
         largest = self.sizes[-1]
         self._slots = torch.full((largest,), drafter.scratch_slot, dtype=torch.int64, device=device)
         self._anchors = torch.zeros(largest, dtype=torch.int64, device=device)
+        self._anchor_tokens = torch.zeros(largest, dtype=torch.int64, device=device)
 
     def draft(
         self,
@@ -294,18 +301,15 @@ class DraftGraphs(RequestGraphs):
         num_requests = slots.shape[0]
         self._slots[:num_requests].copy_(slots)
         self._anchors[:num_requests].copy_(anchors)
-        outputs, probs = self._replay(anchor_tokens, size, sampling_metadata)
-        return DraftOutput(
-            token_ids=outputs[0],
-            confidence=outputs[1] if self._with_confidence else None,
-            anchors=anchors,
-            probs=probs,
-        )
+        self._anchor_tokens[:num_requests].copy_(anchor_tokens)
+        drafts, confidence, probs = self._replay(num_requests, size, sampling_metadata)
+        return DraftOutput(token_ids=drafts, confidence=confidence, anchors=anchors, probs=probs)
 
     @override
     def _pad(self, num_requests: int, size: int) -> None:
         self._slots[num_requests:size].fill_(self._drafter.scratch_slot)
         self._anchors[num_requests:size].zero_()
+        self._anchor_tokens[num_requests:size].zero_()
 
     @override
     def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
@@ -316,18 +320,22 @@ class DraftGraphs(RequestGraphs):
             self.num_drafts,
             with_confidence=self._with_confidence,
             sample=self._sample(sampled, size),
+            drafts_out=self._draft_tokens,
         )
-        if output.confidence is None:
-            return (output.token_ids,)
-        return output.token_ids, output.confidence
+        return () if output.confidence is None else (output.confidence,)
 
 
 DraftChain = Callable[
-    [torch.Tensor, torch.Tensor, PositionSampler],
+    [torch.Tensor, torch.Tensor, DraftSampler, torch.Tensor | None],
     tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
 ]
-"""``(hidden [B * k, H], anchor_tokens [B], sample) -> (drafts [B, k], confidence [B, k] or
-None, distributions or None)``: the paged proposer's stage after the draft forward."""
+"""``(hidden [B * k, H], anchor_tokens [B], sample, drafts_out) -> (drafts [B, k], confidence
+[B, k] or None, distributions or None)``: the paged proposer's stage after the draft forward,
+writing its drafts into ``drafts_out`` when given."""
+
+AnchorTokens = Callable[[int], torch.Tensor]
+"""``size -> [size]`` the anchor tokens of the first ``size`` requests, read from the
+proposer's persistent input buffers (valid token ids in padding rows too)."""
 
 
 class ChainGraphs(RequestGraphs):
@@ -335,7 +343,8 @@ class ChainGraphs(RequestGraphs):
     block's sampled rows, the Markov chain, the confidence head) per padded request count. Its
     input is the forward's sampled hidden states, copied into ``hidden``: a ``[max requests *
     k, H]`` buffer the proposer allocates before vLLM's memory profile; padding rows are
-    zero."""
+    zero. The graph reads the anchor tokens itself (``anchor_tokens``), as upstream's Model
+    Runner V2 reads its inputs, so nothing is gathered or copied for them before a replay."""
 
     stage = "Markov chain"
 
@@ -343,6 +352,7 @@ class ChainGraphs(RequestGraphs):
         self,
         chain: DraftChain,
         hidden: torch.Tensor,
+        anchor_tokens: AnchorTokens,
         vllm_config: VllmConfig,
         sizes: list[int],
         num_drafts: int,
@@ -354,18 +364,18 @@ class ChainGraphs(RequestGraphs):
         )
         self._chain = chain
         self._hidden = hidden
+        self._anchor_tokens = anchor_tokens
 
     def draft(
         self,
         hidden_states: torch.Tensor,
-        anchor_tokens: torch.Tensor,
         size: int,
         sampling_metadata: SamplingMetadata | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The chain of ``len(anchor_tokens)`` requests by replaying the ``size`` graph."""
+        """The chain of the ``len(hidden_states) // k`` requests by replaying the ``size``
+        graph."""
         self._hidden[: hidden_states.shape[0]].copy_(hidden_states)
-        outputs, probs = self._replay(anchor_tokens, size, sampling_metadata)
-        return outputs[0], outputs[1] if len(outputs) > 1 else None, probs
+        return self._replay(hidden_states.shape[0] // self.num_drafts, size, sampling_metadata)
 
     @override
     def _pad(self, num_requests: int, size: int) -> None:
@@ -373,12 +383,13 @@ class ChainGraphs(RequestGraphs):
 
     @override
     def _run(self, size: int, sampled: bool) -> tuple[torch.Tensor, ...]:
-        drafts, confidence, _ = self._chain(
+        _, confidence, _ = self._chain(
             self._hidden[: size * self.num_drafts],
-            self._anchor_tokens[:size],
+            self._anchor_tokens(size),
             self._sample(sampled, size),
+            self._draft_tokens,
         )
-        return (drafts,) if confidence is None else (drafts, confidence)
+        return () if confidence is None else (confidence,)
 
 
 def graph_and_eager_drafts_agree(proposer) -> dict[int, bool]:
@@ -414,7 +425,7 @@ def _agreement(proposer, sampled: bool, seed: int) -> dict[int, bool]:
                 all_greedy=False,
                 all_random=True,
             )
-            sample = functools.partial(proposer._sample_from_logits, sampling_metadata=metadata)
+            sample = proposer._position_sampler(metadata)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(seed)
             with proposer._draft_context(size):

@@ -17,8 +17,8 @@ import torch
 
 from vllm.v1.spec_decode.dspark.backbone import DSparkBackbone
 from vllm.v1.spec_decode.dspark.markov import (
+    DraftSampler,
     GatheredBias,
-    PositionSampler,
     greedy_sample,
     markov_chain,
 )
@@ -147,10 +147,12 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
-        sample: PositionSampler = greedy_sample,
+        sample: DraftSampler = greedy_sample,
+        drafts_out: torch.Tensor | None = None,
     ) -> DraftOutput:
         """Draft ``num_drafts`` tokens per request from its ring; ``sample``
-        picks each position's token (argmax, or drawn for probabilistic drafts)."""
+        picks each position's token (argmax, or drawn for probabilistic drafts);
+        ``drafts_out``: the ``[>= B, >= k]`` int64 buffer they are written into."""
         num_requests = request_slots.shape[0]
         block_length = num_drafts + self.sample_offset
         block_ids = self._block_ids[:num_requests, :block_length]
@@ -183,6 +185,7 @@ class BlockDrafter:
             probs_out=self.draft_probs,
             with_embeds=with_confidence,
             markov_weights=self.markov_weights,
+            drafts_out=drafts_out,
         )
         confidence = None
         if with_confidence:
@@ -200,7 +203,7 @@ class BlockDrafter:
         anchor_tokens: torch.Tensor,
         num_drafts: int,
         with_confidence: bool = False,
-        sample: PositionSampler = greedy_sample,
+        sample: DraftSampler = greedy_sample,
     ) -> DraftOutput:
         """Write the step's context, then draft from it."""
         anchors = self.write_context(

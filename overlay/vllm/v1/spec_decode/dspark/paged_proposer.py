@@ -48,7 +48,7 @@ from vllm.v1.spec_decode.dspark.checks import (
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import (
-    PositionSampler,
+    DraftSampler,
     greedy_sample,
     markov_chain,
     plain_markov_weights,
@@ -169,6 +169,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         self.chain_graphs = ChainGraphs(
             self._draft_chain,
             self._chain_hidden,
+            self._anchor_tokens,
             self.vllm_config,
             sizes,
             self.num_speculative_tokens,
@@ -254,30 +255,41 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         sampling."""
         k = self.num_speculative_tokens
         num_requests = hidden_states.shape[0] // k
-        anchor_tokens = self.input_ids[self._anchor_rows[:num_requests]]
         sample = self._position_sampler(sampling_metadata)
         sampled = sample is not greedy_sample
         graphs = self.chain_graphs
         size = None if graphs is None else graphs.padded_size(num_requests, sampled)
         if size is None:
-            drafts, confidence, probs = self._draft_chain(hidden_states, anchor_tokens, sample)
+            drafts, confidence, probs = self._draft_chain(
+                hidden_states, self._anchor_tokens(num_requests), sample
+            )
         else:
             assert graphs is not None
             drafts, confidence, probs = graphs.draft(
-                hidden_states, anchor_tokens, size, sampling_metadata if sampled else None
+                hidden_states, size, sampling_metadata if sampled else None
             )
         if confidence is not None:
             self._schedule(confidence, k)
         if self.options.draft_log is not None:
             anchors = self.positions[self._anchor_rows[:num_requests]] - 1
-            self._log_drafts(anchors, anchor_tokens, drafts)
+            self._log_drafts(anchors, self._anchor_tokens(num_requests), drafts)
         return drafts.reshape(-1), probs
 
+    def _anchor_tokens(self, num_requests: int) -> torch.Tensor:
+        """``[num_requests]`` the anchor tokens, from DFlash's input-id buffer (inside a chain
+        graph, at the replay)."""
+        return self.input_ids[self._anchor_rows[:num_requests]]
+
     def _draft_chain(
-        self, hidden_states: torch.Tensor, anchor_tokens: torch.Tensor, sample: PositionSampler
+        self,
+        hidden_states: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        sample: DraftSampler,
+        drafts_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What runs after the draft forward: the block's base logits, the Markov chain over
-        them and the confidence head (``[B, k]`` drafts and confidences, distributions)."""
+        them and the confidence head (``[B, k]`` drafts, written into ``drafts_out`` when
+        given, and confidences, distributions)."""
         k = self.num_speculative_tokens
         num_requests = anchor_tokens.shape[0]
         base_logits = self.model.compute_draft_logits(hidden_states)
@@ -292,6 +304,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
             probs_out=self._draft_probs,
             with_embeds=self.options.scheduling.needs_confidence,
             markov_weights=self._markov_weights,
+            drafts_out=drafts_out,
         )
         confidence = None
         if self.options.scheduling.needs_confidence:

@@ -11,7 +11,12 @@ from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
 from vllm.v1.spec_decode.dspark.draft_log import DraftLog
-from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
+from vllm.v1.spec_decode.dspark.markov import (
+    DraftSampler,
+    SampledDrafts,
+    draft_probs_buffer,
+    greedy_sample,
+)
 from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 
@@ -48,12 +53,14 @@ class DSparkProposerMixin:
             self.options.scheduling.scheduler, has_confidence_head, self.draft_model_config.model
         )
 
-    def _position_sampler(self, sampling_metadata: SamplingMetadata) -> PositionSampler:
-        """vLLM's draft sampler (``_sample_from_logits``) for one block position;
+    def _position_sampler(self, sampling_metadata: SamplingMetadata) -> DraftSampler:
+        """vLLM's draft sampler (``_sample_from_logits``) at the batch's temperatures;
         ``greedy_sample`` itself when every row is greedy."""
         if not self.options.probabilistic or sampling_metadata.all_greedy:
             return greedy_sample
-        return functools.partial(self._sample_from_logits, sampling_metadata=sampling_metadata)
+        assert sampling_metadata.temperature is not None
+        sample = functools.partial(self._sample_from_logits, sampling_metadata=sampling_metadata)
+        return SampledDrafts(sampling_metadata.temperature, lambda rows: sample)
 
     def _schedule(self, confidence: torch.Tensor, k: int) -> None:
         # A fresh tensor each step: the runner may still be copying the last.
