@@ -7,8 +7,9 @@
 PYTHON := .venv/bin/python
 PYTEST := $(PYTHON) -m pytest
 # Two workers (pytest-xdist), each taking whole test files so that module-scoped engines start
-# once; PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=30.
-XDIST := -n 2 --dist loadfile
+# once, in the order tests/conftest.py sorts them (slowest tier first) rather than xdist's (most
+# tests first); PYTEST_ARGS adds options, e.g. PYTEST_ARGS=--durations=30.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: help env install lint test-fast test dry-start demo
 

@@ -23,8 +23,9 @@ TESTS = Path(__file__).resolve().parent
 FOLDER_TIERS = {"engine": "engine", "engine_v4": "engine", "docker": "docker"}
 TIERS = ("engine", "multiproc", "docker")
 # Files run slowest tier first: xdist hands out whole files in collection order (``--dist
-# loadfile``), so an image build or a two-rank serve started last would run alone at the end
-# while the other worker idles; the many short unit files fill the end instead.
+# loadfile --no-loadscope-reorder``, the Makefile's; by default it puts files with the most tests
+# first), so an image build or a two-rank serve started last would run alone at the end while
+# the other worker idles; the many short unit files fill the end instead.
 FILE_ORDER = ("docker", "multiproc", "engine", "unit")
 
 
