@@ -881,16 +881,10 @@ def describe_graphs(report: Report, config, runner) -> None:
         }
     )
     report.decide("graphs", "draft forward PIECEWISE (tokens)", forward)
-    graphs = draft_graphs(drafter)
+    graphs = getattr(drafter, "draft_graphs", None)  # DSpark's FULL graphs
     report.decide("graphs", "draft FULL (requests)", list(graphs.sizes) if graphs else [])
     if graphs is not None:
         report.decide("graphs", "draft FULL variants", ", ".join(graphs.variants))
-
-
-def draft_graphs(drafter):
-    """The FULL graphs a DSpark proposer built for its draft step (the ring proposer's
-    `draft_graphs`, the paged proposer's `chain_graphs`), else None."""
-    return getattr(drafter, "draft_graphs", None) or getattr(drafter, "chain_graphs", None)
 
 
 class UngraphedDraftStep(ValueError):
@@ -911,7 +905,7 @@ def check_draft_graphs(runner) -> None:
     drafter = getattr(runner, "drafter", None)
     if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
         return
-    if not hasattr(drafter, "draft_graphs") and not hasattr(drafter, "chain_graphs"):
+    if not hasattr(drafter, "draft_graphs"):
         return  # not a DSpark proposer
     held = {
         d.num_reqs
@@ -920,7 +914,7 @@ def check_draft_graphs(runner) -> None:
         for d in descriptors
         if d.uniform and d.num_reqs
     }
-    graphs = draft_graphs(drafter)
+    graphs = drafter.draft_graphs
     missing = sorted(held - set(graphs.sizes if graphs else ()))
     if missing:
         raise UngraphedDraftStep(

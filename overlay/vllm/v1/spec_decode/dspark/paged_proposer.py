@@ -88,7 +88,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
             rows[:, None] + first_sampled_slot + torch.arange(self.num_block_drafts, device=device)
         ).to(torch.int32)
         self._draft_probs = self._new_draft_probs()
-        self.chain_graphs: ChainGraphs | None = None
+        self.draft_graphs: ChainGraphs | None = None
         self._chain_hidden: torch.Tensor | None = None
         if block_size and k < block_size:
             logger.info(
@@ -160,13 +160,13 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         """Upstream's piecewise keys for the draft forward; then the chain's FULL graphs,
         planned from the runner's final capture sizes."""
         super().initialize_cudagraph_keys(cudagraph_mode)
-        self.chain_graphs = None
+        self.draft_graphs = None
         sizes = draft_graph_sizes(
             self.vllm_config, cudagraph_mode, current_platform.is_cuda_alike()
         )
         if not sizes or self._chain_hidden is None:
             return
-        self.chain_graphs = ChainGraphs(
+        self.draft_graphs = ChainGraphs(
             self._draft_chain,
             self._chain_hidden,
             self.vllm_config,
@@ -187,8 +187,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         """DFlash's dummy run; in the runner's first capture pass call (any mode), the chain's
         FULL graphs are captured too."""
         super().dummy_run(num_tokens, use_cudagraphs, is_graph_capturing, slot_mappings)
-        if is_graph_capturing and self.chain_graphs is not None:
-            self.chain_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
+        if is_graph_capturing and self.draft_graphs is not None:
+            self.draft_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     @override
     def initialize_attn_backend(
@@ -257,7 +257,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         anchor_tokens = self.input_ids[self._anchor_rows[:num_requests]]
         sample = self._position_sampler(sampling_metadata)
         sampled = sample is not greedy_sample
-        graphs = self.chain_graphs
+        graphs = self.draft_graphs
         size = None if graphs is None else graphs.padded_size(num_requests, sampled)
         if size is None:
             drafts, confidence, probs = self._draft_chain(hidden_states, anchor_tokens, sample)
