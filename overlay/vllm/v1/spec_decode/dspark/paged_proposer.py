@@ -35,18 +35,11 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
-from vllm.v1.spec_decode.dspark.block import (
-    num_block_drafts,
-    num_block_queries,
-    samples_from_anchor,
-    trained_block_size,
-)
 from vllm.v1.spec_decode.dspark.checks import (
     check_full_vocabulary,
     check_loaded_draft,
 )
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
-from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import (
     PositionSampler,
     greedy_sample,
@@ -55,6 +48,7 @@ from vllm.v1.spec_decode.dspark.markov import (
 )
 from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
+from vllm.v1.spec_decode.dspark.spec import draft_spec
 
 logger = init_logger(__name__)
 
@@ -67,36 +61,23 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     """DSpark drafts whose layers attend to the whole context (paged draft KV)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, runner=None) -> None:
-        speculative_config = vllm_config.speculative_config
-        assert speculative_config is not None and speculative_config.method == "dspark"
-        draft_model_config = speculative_config.draft_model_config
-        config = draft_model_config.hf_config
-        k = speculative_config.num_speculative_tokens
-        block_size = trained_block_size(config)
-        self._family = draft_family(draft_model_config)
-        self.num_block_drafts = num_block_drafts(config, k)
+        spec = draft_spec(vllm_config)
+        self.num_block_drafts = spec.num_block_drafts
         # Read by DFlashProposer.__init__ to size and build the query block.
-        self.num_query_per_req = num_block_queries(config, k)
+        self.num_query_per_req = spec.num_queries
         super().__init__(vllm_config, device, runner)
-        self._init_dspark(runner)
+        self._init_dspark(spec, runner)
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows
         # [max_batch, block] query rows whose hidden states are sampled: from the
         # anchor's own slot (DeepSpec) or the one after it (fill-in layout).
-        first_sampled_slot = 0 if samples_from_anchor(config) else 1
+        first_sampled_slot = 0 if spec.samples_from_anchor else 1
         self._sample_rows = (
             rows[:, None] + first_sampled_slot + torch.arange(self.num_block_drafts, device=device)
         ).to(torch.int32)
         self._draft_probs = self._new_draft_probs()
         self.draft_graphs: ChainGraphs | None = None
         self._chain_hidden: torch.Tensor | None = None
-        if block_size and k < block_size:
-            logger.info(
-                "DSpark draft trained with block size %d: drafting the full block, "
-                "verifying the first k=%d.",
-                block_size,
-                k,
-            )
 
     # Model ------------------------------------------------------------------
     @override
@@ -119,9 +100,9 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
             model = loader.load_model(
                 vllm_config=draft_vllm_config,
                 model_config=self.draft_model_config,
-                prefix=_DRAFT_PREFIX.get(self._family, ""),
+                prefix=_DRAFT_PREFIX.get(self.spec.family, ""),
             )
-        if self._family == "gemma4":
+        if self.spec.family == "gemma4":
             for name in shipped:
                 process_eagle_weight(model, name)
         check_loaded_draft(model, shipped)

@@ -12,17 +12,18 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
 from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
+from vllm.v1.spec_decode.dspark.spec import DSparkDraftSpec
 
 
 class DSparkProposerMixin:
     """Mixed in before vLLM's proposer class (``SpecDecodeBaseProposer`` supplies
     ``_sample_from_logits``, ``speculative_config``, ``max_batch_size``, ...)."""
 
-    def _init_dspark(self, runner) -> None:
+    def _init_dspark(self, spec: DSparkDraftSpec, runner) -> None:
+        self.spec = spec
         self._runner = runner
-        self.options = DSparkOptions.from_config(self.speculative_config)
+        self.options = spec.options
         self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
         self._draft_cudagraph_mode: CUDAGraphMode | None = None
