@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -56,9 +55,8 @@ def test_an_argument_the_parser_cannot_read_is_its_last_line(model, capsys):
     assert report["refusal"]["message"] in last
 
 
-def test_a_mistyped_flag_is_named_with_vllms_closest_one(model, capsys, monkeypatch):
-    """With the launcher importable, as `python -m tools.dry_start` runs (launch/ on the path)."""
-    monkeypatch.syspath_prepend(str(Path(engine.__file__).parents[2] / "launch"))
+def test_a_mistyped_flag_is_named_with_vllms_closest_one(model, capsys):
+    """As on a node, where the rank's dry start runs without the launcher."""
     status, last, _ = verdict(capsys, [*model, "--enable-prefix-cacheing"])
     assert status == 2
     assert "closest vLLM flag: --enable-prefix-cacheing -> --enable-prefix-caching" in last

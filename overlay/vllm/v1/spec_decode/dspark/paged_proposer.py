@@ -46,7 +46,7 @@ from vllm.v1.spec_decode.dspark.markov import (
     markov_chain,
     plain_markov_weights,
 )
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, reads_checkpoint
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.spec import draft_spec
 
@@ -83,25 +83,30 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     @override
     def _get_model(self) -> nn.Module:
         """Upstream's loader, with the Gemma-4 draft's layer prefix, then every tensor it
-        read and every draft parameter accounted for by name. A Gemma-4 draft's shipped
-        ``embed_tokens`` / ``lm_head`` are marked its own, as Qwen3's ``load_weights``
-        marks them, so that the target's are shared only when identical."""
+        read and every draft parameter accounted for by name (unless the load format reads
+        no checkpoint, ``reads_checkpoint``). A Gemma-4 draft's shipped ``embed_tokens`` /
+        ``lm_head`` are marked its own, as Qwen3's ``load_weights`` marks them, so that the
+        target's are shared only when identical."""
         draft_vllm_config = self._create_draft_vllm_config()
         loader = get_model_loader(get_draft_load_config(draft_vllm_config))
-        read_all_weights, shipped = loader.get_all_weights, []
+        checkpoint, shipped = reads_checkpoint(loader), []
+        if checkpoint:
+            read_all_weights = loader.get_all_weights
 
-        def named_weights(*args):
-            for name, tensor in read_all_weights(*args):
-                shipped.append(name)
-                yield name, tensor
+            def named_weights(*args):
+                for name, tensor in read_all_weights(*args):
+                    shipped.append(name)
+                    yield name, tensor
 
-        loader.get_all_weights = named_weights
+            loader.get_all_weights = named_weights
         with set_model_tag("eagle_head"):
             model = loader.load_model(
                 vllm_config=draft_vllm_config,
                 model_config=self.draft_model_config,
                 prefix=_DRAFT_PREFIX.get(self.spec.family, ""),
             )
+        if not checkpoint:
+            return model
         if self.spec.family == "gemma4":
             for name in shipped:
                 process_eagle_weight(model, name)

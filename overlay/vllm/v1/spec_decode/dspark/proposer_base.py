@@ -1,19 +1,31 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""What both V1 DSpark proposers share: their options, the per-position
-sampler, the confidence-scheduled lengths and the draft log."""
+"""What both V1 DSpark proposers share: their spec and options, the per-position
+sampler, the confidence-scheduled lengths, the draft log and whether the draft's
+weights come from its checkpoint."""
 
 import functools
 
 import torch
 
 from vllm.config.compilation import CUDAGraphMode
+from vllm.model_executor.model_loader import BaseModelLoader, DummyModelLoader
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
 from vllm.v1.spec_decode.dspark.draft_log import DraftLog
 from vllm.v1.spec_decode.dspark.markov import PositionSampler, draft_probs_buffer, greedy_sample
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
 from vllm.v1.spec_decode.dspark.spec import DSparkDraftSpec
+
+
+def reads_checkpoint(loader: BaseModelLoader) -> bool:
+    """Whether the draft's weights come from its checkpoint, checked by name and loaded
+    strictly: not under vLLM's ``load_format="dummy"`` (``DummyModelLoader`` and its
+    subclasses), which reads no checkpoint and gives the draft the loader's own values (random
+    ones). The one seam for building the draft without its weights: the dry start's loader
+    (``tools/dry_start/engine.py``) subclasses ``DummyModelLoader`` and builds on the meta
+    device, where the ring draft has no weights to process after loading either."""
+    return not isinstance(loader, DummyModelLoader)
 
 
 class DSparkProposerMixin:

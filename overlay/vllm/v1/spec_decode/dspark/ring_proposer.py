@@ -44,7 +44,7 @@ from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tenso
 from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
 from vllm.v1.spec_decode.dspark.markov import greedy_sample, plain_markov_weights
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, reads_checkpoint
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
@@ -113,7 +113,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
     @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         model = self._build_draft_model()
-        process_weights_after_loading(model, self.draft_model_config, self.device)
+        if self.device.type != "meta":  # built without memory: no weights to process
+            process_weights_after_loading(model, self.draft_model_config, self.device)
         model.share_target(target_model)
         self._check_confidence_head(model.confidence_head is not None)
         self.model = model
@@ -152,7 +153,9 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         )
 
     def _build_draft_model(self) -> DSparkRingDraft:
-        """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
+        """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped
+        (or with the loader's own values when the load format reads no checkpoint,
+        ``reads_checkpoint``)."""
         loader = get_model_loader(get_draft_load_config(self.vllm_config))
         # The runner collects JIT warm-ups only while its target is built; the draft's mHC
         # variants join them here (compiled by the worker's kernel warm-up, before serving).
@@ -164,8 +167,11 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             torch.device(self.device),
         ):
             model = build_deepseek_v4_draft_model(self.vllm_config)
-        weights = checkpoint_draft_tensors(loader, self.draft_model_config)
-        load_deepseek_v4_draft(model, weights, self.draft_model_config.hf_config)
+        if reads_checkpoint(loader):
+            weights = checkpoint_draft_tensors(loader, self.draft_model_config)
+            load_deepseek_v4_draft(model, weights, self.draft_model_config.hf_config)
+        else:
+            loader.load_weights(model, self.draft_model_config)
         return model
 
     # Runner hooks -------------------------------------------------------------
