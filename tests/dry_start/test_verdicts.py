@@ -20,23 +20,39 @@ from tools.dry_start.checkpoints import QWEN3_8B_CONFIG
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
-    """A model directory holding Qwen3-8B's config.json (32 attention heads); `engine.run`'s
-    process-wide changes undone afterwards."""
-    from vllm.model_executor.models import registry
-
+    """A model directory holding Qwen3-8B's config.json (32 attention heads); vLLM's log
+    handlers restored afterwards (`engine.run` restores what its `dry_device` replaced)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(registry, "_run_in_subprocess", registry._run_in_subprocess)
     vllm_logger = logging.getLogger("vllm")
     monkeypatch.setattr(vllm_logger, "handlers", list(vllm_logger.handlers))
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
     return [str(tmp_path), "--max-model-len", "256", "--dtype", "bfloat16"]
 
 
+def replaceable() -> tuple:
+    """What `engine.dry_device` replaces for a run on the host's own device."""
+    import torch.distributed as dist
+
+    import vllm.platforms
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.model_executor.models import registry
+
+    return (
+        vllm.platforms.current_platform,
+        dist.new_group,
+        MessageQueue.create_from_process_group,
+        registry._run_in_subprocess,
+    )
+
+
 def verdict(capsys, serve_args: list[str], rank: int = 0) -> tuple[int, str, dict]:
-    """The exit status, the last line of the text report and the `--json` report."""
+    """The exit status, the last line of the text report and the `--json` report; each run
+    leaves what its `dry_device` replaced as it found it."""
+    before = replaceable()
     status = engine.report_and_exit(lambda: engine.run(serve_args, rank), as_json=False)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert engine.report_and_exit(lambda: engine.run(serve_args, rank), as_json=True) == status
+    assert replaceable() == before
     return status, last, json.loads(capsys.readouterr().out)
 
 
