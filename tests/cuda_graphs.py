@@ -150,7 +150,7 @@ class PassThroughGraph:
         if context.cudagraph_runtime_mode != CUDAGraphMode.FULL:
             return self.runnable(size)
         descriptor = context.batch_descriptor
-        assert descriptor.num_tokens == size
+        assert descriptor.num_reqs == size
         captured = descriptor in self.concrete_cudagraph_entries
         self.calls.append(("replay" if captured else "capture", size))
         self.concrete_cudagraph_entries.setdefault(descriptor, SimpleNamespace(cudagraph=object()))

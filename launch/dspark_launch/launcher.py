@@ -19,7 +19,7 @@ from dspark_launch.errors import AlreadyRunning, ExitCode, LaunchError
 from dspark_launch.health import ApiClient
 from dspark_launch.lanes import V1, runner_args, runner_env
 from dspark_launch.local_rank import LocalRank
-from dspark_launch.nodes import REPO_ROOT, Rank
+from dspark_launch.nodes import Rank
 from dspark_launch.profile import Profile
 from dspark_launch.render import plan_node, serve_args
 from dspark_launch.runner import Runner
@@ -30,7 +30,7 @@ LOG_LINES_ON_FAILURE = 40
 SELFTEST_MODULE = "tools.gpu_selftest"
 # Its engine checks start real engines on CUDA (each up to 600 s); not measured on a GPU.
 SELFTEST_TIMEOUT_S = 1800
-DRY_START = REPO_ROOT / "tools" / "dry_start" / "engine.py"
+DRY_START_MODULE = "tools.dry_start.engine"
 DRY_START_TIMEOUT_S = 900
 # The two ranks' collective: seconds to meet and finish once both Pythons run.
 LINK_TIMEOUT_S = 60
@@ -150,7 +150,8 @@ class Launcher:
 
     def _dry_start(self) -> None:
         """vLLM's own start-up of each rank in its image, on the node's device, as far as it goes
-        without loading the weights (tools/dry_start/engine.py); a refusal stops here."""
+        without loading the weights (`python -m tools.dry_start.engine`); a refusal stops
+        here."""
         if self.site.mode != "docker":  # local mode runs the venv's CPU vLLM
             return
         self._step("dry start of vLLM's start-up on both nodes (no weights loaded)")
@@ -161,8 +162,9 @@ class Launcher:
             args = ["--rank", str(rank.node.rank), "--json"]
             args += [f"--env={name}={value}" for name, value in env.items()]
             args += ["--", *serve_args(self.profile, self.site, rank.node)]
-            report = rank.shell.run_script(
-                DRY_START, args, rank.runtime_python, timeout_s=DRY_START_TIMEOUT_S
+            report = rank.shell.run_json(
+                [*rank.project_python, "-m", DRY_START_MODULE, *args],
+                timeout_s=DRY_START_TIMEOUT_S,
             )
             if self.runner.dry_run:
                 continue

@@ -13,23 +13,23 @@ refuse after minutes of weight loading is refused in seconds. Every rule is vLLM
   `map_nvfp4_backend`, `map_fp8_backend`, `map_unquantized_backend`), whose error names the
   valid choices.
 Prints one JSON object: {"ok": bool, "detail": str, "quantization": ..., "experts": ...}.
-Imports of the project: `dspark_common.operator_input` only, which the launcher ships with it.
+Imports of the project: `dspark_common.operator_input` and `dspark_common.vllm_flags` only,
+which the launcher ships with it.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import importlib
 import io
 import json
-import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from dspark_common.operator_input import NotReadable, escaped, read_text
+from dspark_common.vllm_flags import closest_flags
 
 # The MoE oracle (module, function) vLLM consults for each experts' format.
 ORACLES = {
@@ -73,22 +73,6 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
         lines = errors.getvalue().strip().splitlines()
         said = lines[-1] if lines else "refused"
         raise FlagError(f"vLLM's serve parser: {said}{closest_flags(parser, said)}") from None
-
-
-def closest_flags(parser: argparse.ArgumentParser, message: str) -> str:
-    """``; closest vLLM flag: --x`` for each flag of an "unrecognized arguments" message."""
-    unrecognized = re.search(r"unrecognized arguments: (.*)$", message)
-    if not unrecognized:
-        return ""
-    options = [option for action in parser._actions for option in action.option_strings]
-    hints = [
-        f"{flag} -> {close[0]}"
-        for flag in unrecognized[1].split()
-        if flag.startswith("-")
-        for close in [difflib.get_close_matches(flag.split("=", 1)[0], options, n=1)]
-        if close
-    ]
-    return f"; closest vLLM flag: {', '.join(hints)}" if hints else ""
 
 
 def resolve_quantization(config: dict, quantization: str | None) -> str | None:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_common import operator_input
+from dspark_common import operator_input, vllm_flags
 from dspark_launch import gid, node_probe
 from dspark_launch.errors import ConfigError, LaunchError
 from dspark_launch.runner import Result, Runner
@@ -29,7 +29,10 @@ _SHIP_SCRIPT = (
     'sha256sum "$1"'
 )
 # Project modules the scripts run on a node import (stdlib only), shipped with each script.
-SHIPPED_MODULES = {"dspark_common.operator_input": Path(operator_input.__file__)}
+SHIPPED_MODULES = {
+    "dspark_common.operator_input": Path(operator_input.__file__),
+    "dspark_common.vllm_flags": Path(vllm_flags.__file__),
+}
 
 
 def bundled(script: Path) -> str:

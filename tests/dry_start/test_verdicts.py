@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from pathlib import Path
 
 import pytest
 
@@ -21,23 +20,39 @@ from tools.dry_start.checkpoints import QWEN3_8B_CONFIG
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
-    """A model directory holding Qwen3-8B's config.json (32 attention heads); `engine.run`'s
-    process-wide changes undone afterwards."""
-    from vllm.model_executor.models import registry
-
+    """A model directory holding Qwen3-8B's config.json (32 attention heads); vLLM's log
+    handlers restored afterwards (`engine.run` restores what its `dry_device` replaced)."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(registry, "_run_in_subprocess", registry._run_in_subprocess)
     vllm_logger = logging.getLogger("vllm")
     monkeypatch.setattr(vllm_logger, "handlers", list(vllm_logger.handlers))
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_8B_CONFIG))
     return [str(tmp_path), "--max-model-len", "256", "--dtype", "bfloat16"]
 
 
+def replaceable() -> tuple:
+    """What `engine.dry_device` replaces for a run on the host's own device."""
+    import torch.distributed as dist
+
+    import vllm.platforms
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.model_executor.models import registry
+
+    return (
+        vllm.platforms.current_platform,
+        dist.new_group,
+        MessageQueue.create_from_process_group,
+        registry._run_in_subprocess,
+    )
+
+
 def verdict(capsys, serve_args: list[str], rank: int = 0) -> tuple[int, str, dict]:
-    """The exit status, the last line of the text report and the `--json` report."""
+    """The exit status, the last line of the text report and the `--json` report; each run
+    leaves what its `dry_device` replaced as it found it."""
+    before = replaceable()
     status = engine.report_and_exit(lambda: engine.run(serve_args, rank), as_json=False)
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert engine.report_and_exit(lambda: engine.run(serve_args, rank), as_json=True) == status
+    assert replaceable() == before
     return status, last, json.loads(capsys.readouterr().out)
 
 
@@ -56,9 +71,8 @@ def test_an_argument_the_parser_cannot_read_is_its_last_line(model, capsys):
     assert report["refusal"]["message"] in last
 
 
-def test_a_mistyped_flag_is_named_with_vllms_closest_one(model, capsys, monkeypatch):
-    """With the launcher importable, as `python -m tools.dry_start` runs (launch/ on the path)."""
-    monkeypatch.syspath_prepend(str(Path(engine.__file__).parents[2] / "launch"))
+def test_a_mistyped_flag_is_named_with_vllms_closest_one(model, capsys):
+    """As on a node, where the rank's dry start runs without the launcher."""
     status, last, _ = verdict(capsys, [*model, "--enable-prefix-cacheing"])
     assert status == 2
     assert "closest vLLM flag: --enable-prefix-cacheing -> --enable-prefix-caching" in last

@@ -9,12 +9,12 @@ import sys
 
 from tools.dry_start import engine
 
-skip_draft_weights = engine.skip_draft_weights
+create_config = engine.create_config
 
 
-def plan_before_rounding() -> None:
-    """After vLLM is imported (the dry start's table is installed by then)."""
-    skip_draft_weights()
+def plan_before_rounding(args):
+    """The dry start's config, the proposer's plan made unrounded (inside the dry start's
+    device, its table installed)."""
     from vllm.config.compilation import CompilationConfig
     from vllm.v1.spec_decode.dspark import ring_proposer
 
@@ -38,8 +38,9 @@ def plan_before_rounding() -> None:
 
     CompilationConfig.adjust_cudagraph_sizes_for_spec_decode = record
     ring_proposer.draft_graph_sizes = unrounded
+    return create_config(args)
 
 
-engine.skip_draft_weights = plan_before_rounding
+engine.create_config = plan_before_rounding
 sys.argv[0] = "tools.dry_start"
 runpy.run_module("tools.dry_start", run_name="__main__")

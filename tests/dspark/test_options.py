@@ -23,6 +23,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.spec_decode.dspark.checks import (
     OTHER_METHODS_FIELDS,
     RING_PROPOSER_UNSUPPORTED,
+    check_confidence_scheduling_without_async,
     check_speculative_fields,
     unsupported_fields,
 )
@@ -51,17 +52,17 @@ def monkeypatch_module():
 
 
 def options(config: SpeculativeConfig, async_scheduling: bool = False, **fields) -> DSparkOptions:
-    """The front end's field checks (``check_dspark_config``), then what the proposer reads."""
+    """The front end's field checks (``check_dspark_config``, ``check_dspark_scheduling``), then
+    what the proposer reads."""
     changed = copy.copy(config)
     for name, value in fields.items():
         setattr(changed, name, value)
     check_speculative_fields(
-        changed,
-        async_scheduling=async_scheduling,
-        target_tensor_parallel_size=1,
-        unsupported=RING_PROPOSER_UNSUPPORTED,
+        changed, target_tensor_parallel_size=1, unsupported=RING_PROPOSER_UNSUPPORTED
     )
-    return DSparkOptions.from_config(changed)
+    read = DSparkOptions.from_config(changed)
+    check_confidence_scheduling_without_async(read.scheduling.scheduler, async_scheduling)
+    return read
 
 
 def test_defaults(speculative_config):
@@ -133,7 +134,6 @@ def test_deepseek_v4_also_refuses_quantization(speculative_config):
     with pytest.raises(ValueError, match=re.escape("speculative_config.quantization='fp8'")):
         check_speculative_fields(
             changed,
-            async_scheduling=False,
             target_tensor_parallel_size=1,
             unsupported=unsupported_fields("deepseek_v4"),
         )
@@ -214,6 +214,7 @@ INTERNAL = {
     "target_parallel_config",
     "draft_model_config",
     "draft_parallel_config",
+    "dspark_draft",  # the draft spec VllmConfig's validation builds, not a setting
 }
 OWN = {
     f"dspark_{name}"

@@ -26,6 +26,8 @@ from vllm.v1.spec_decode.dspark.checks import (
     check_safetensors_files,
     check_target_feature_width,
     check_target_layer_ids,
+    mask_token_id,
+    target_layer_ids,
 )
 
 VOCAB, HIDDEN, LAYERS = 1000, 64, 2
@@ -39,8 +41,8 @@ def qwen3_draft(**values) -> PretrainedConfig:
 def check(config: PretrainedConfig) -> None:
     check_block_size(config)
     check_draft_flags(config)
-    check_mask_token_id(config, VOCAB)
-    check_target_layer_ids(config, LAYERS)
+    check_mask_token_id(mask_token_id(config), VOCAB)
+    check_target_layer_ids(target_layer_ids(config), LAYERS)
     check_target_feature_width(config, HIDDEN)
 
 

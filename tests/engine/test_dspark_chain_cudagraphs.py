@@ -43,7 +43,7 @@ def run_path(tiny, path: str, root: Path) -> dict[str, Any]:
             monkeypatch.setattr(paged_proposer, "draft_graph_sizes", lambda *_: [1, 2, 3, 4])
         with TinyEngine(tiny.bigram_target, spec, max_num_seqs=4) as engine:
             proposer = engine.model_runner.drafter
-            graphs = proposer.chain_graphs
+            graphs = proposer.draft_graphs
             replayed = []
             if path == "graph":
                 proposer.dummy_run(8, use_cudagraphs=False, is_graph_capturing=True)

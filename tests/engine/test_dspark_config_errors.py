@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Bad DSpark configurations fail when the engine starts, saying what to fix.
 
-The checks of config values, files and fields run in ``make_dspark_proposer`` before anything
+The checks of config values, files and fields run as ``VllmConfig`` validates, before anything
 is built, and are tested there on vLLM's own config (tests/dspark/test_startup_checks.py,
 tests/dspark/test_options.py); one engine start here shows that the engine runs them. The
 refusals that need the loaded draft start an engine each."""

@@ -133,11 +133,11 @@ def test_the_plan_for_vllms_defaults_follows_the_targets_decode_graphs(spark, sp
     """vLLM's defaults (no capture flags, FULL_AND_PIECEWISE, SchedulerConfig's max_num_seqs):
     each decode batch the target replays a graph for pads to the draft graph of that graph's
     request count; batches past the target's largest graph run both eagerly."""
+    from tools.dry_start.capture_plan import capture_plan, resolved_as_by_the_runner
     from vllm.config import SchedulerConfig
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.attention.backend import AttentionCGSupport
     from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
-    from vllm.v1.spec_decode.dspark.cudagraph import capture_plan, resolved_as_by_the_runner
 
     k = spark.num_speculative_tokens
     max_num_seqs = SchedulerConfig.DEFAULT_MAX_NUM_SEQS
@@ -161,9 +161,10 @@ def test_the_plan_for_vllms_defaults_follows_the_targets_decode_graphs(spark, sp
 def test_no_draft_graphs_with_enforce_eager_a_target_without_graphs_or_off_cuda(spark, spark_model):
     """The plan for the Spark profile's resolved sizes, and none when the draft config says
     ``enforce_eager: true``, when the target captures nothing, or off CUDA."""
+    from tools.dry_start.capture_plan import resolved_as_by_the_runner
     from vllm.config.compilation import CUDAGraphMode
     from vllm.v1.attention.backend import AttentionCGSupport
-    from vllm.v1.spec_decode.dspark.cudagraph import draft_graph_sizes, resolved_as_by_the_runner
+    from vllm.v1.spec_decode.dspark.cudagraph import draft_graph_sizes
 
     config = spark.tiny_v4_config(spark_model)
     size_as_on_cuda(config, CUDAGraphMode.FULL_AND_PIECEWISE)
@@ -198,11 +199,8 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
     """One engine's runs. The graph engine's graphs are captured by the proposer's own
     ``dummy_run`` in a capture pass, cleared as vLLM's memory profile clears them, and captured
     again."""
+    from tools.gpu_selftest.draft_graphs import greedy_agreement, sampled_agreement
     from vllm.v1.spec_decode.dspark import ring_proposer
-    from vllm.v1.spec_decode.dspark.cudagraph import (
-        graph_and_eager_drafts_agree,
-        sampled_graph_and_eager_drafts_agree,
-    )
 
     log = root / f"{path}.log"
     spec = dspark(4, draft_sample_method="probabilistic", dspark_draft_log=str(log))
@@ -224,8 +222,8 @@ def run_path(model: Path, path: str, root: Path) -> dict[str, Any]:
             runs = run_batches(engine, PROMPTS, MAX_TOKENS, replayed, log)
             if graphs is not None:
                 runs["agree"] = {
-                    False: graph_and_eager_drafts_agree(proposer),
-                    True: sampled_graph_and_eager_drafts_agree(proposer, seed=3),
+                    False: greedy_agreement(proposer),
+                    True: sampled_agreement(proposer, seed=3),
                 }
     return runs
 
@@ -244,8 +242,8 @@ def test_graph_path_drafts_exactly_what_the_eager_path_drafts(replay_runs):
 
 
 def test_the_self_test_comparison_holds_for_every_captured_size(replay_runs):
-    """``graph_and_eager_drafts_agree`` (the GPU self-test's check) runs on the loaded proposer,
-    greedy and sampled, for every captured size."""
+    """``greedy_agreement`` and ``sampled_agreement`` (the GPU self-test's checks) run on the
+    loaded proposer for every captured size."""
     assert replay_runs["graph"]["agree"] == {
         False: {1: True, 2: True, 3: True, 4: True},
         True: {1: True, 2: True, 3: True, 4: True},

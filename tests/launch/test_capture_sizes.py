@@ -16,9 +16,9 @@ pytest.importorskip("vllm")
 
 from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
 from tests.cuda_graphs import profile_sizing_args, rendered_serve_args, size_as_on_cuda
+from tools.dry_start.capture_plan import capture_plan, resolved_as_by_the_runner
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport
-from vllm.v1.spec_decode.dspark.cudagraph import capture_plan, resolved_as_by_the_runner
 
 MODES = (
     CUDAGraphMode.FULL_AND_PIECEWISE,

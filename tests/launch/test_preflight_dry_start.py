@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
-"""Preflight runs the dry start (tools/dry_start/engine.py) in each node's image with that rank's
-own `vllm serve` arguments and environment; a refusal on either node stops `start` before any
-rank runs, with vLLM's reason printed per node."""
+"""Preflight runs the dry start (`python -m tools.dry_start.engine`) in each node's image with
+that rank's own `vllm serve` arguments and environment; a refusal on either node stops `start`
+before any rank runs, with vLLM's reason printed per node."""
 
 from __future__ import annotations
 
@@ -17,12 +17,16 @@ REFUSAL = {
 
 
 def dry_starts(fake_cluster) -> dict[str, list[str]]:
-    """The script arguments of each node's dry start, as the image's Python received them."""
+    """The arguments of each node's dry start, as the image's Python received them: the module
+    of the image's project root, never a file piped in."""
     runs = {}
     for entry in fake_cluster.commands():
         argv = entry["argv"]
-        if argv[:2] == ["docker", "run"] and "-" in argv and "--rank" in argv:
-            runs[entry["node"]] = argv[argv.index("-") + 1 :]
+        if argv[:2] == ["docker", "run"] and "--rank" in argv:
+            at = argv.index("-m")
+            assert argv[at + 1] == "tools.dry_start.engine" and "-" not in argv
+            assert argv[argv.index("--workdir") + 1] == "/opt/dspark"
+            runs[entry["node"]] = argv[at + 2 :]
     return runs
 
 

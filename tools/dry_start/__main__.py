@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
             print(f"rank {rank}: {node_label(site, rank)}", flush=True)
 
         def start() -> engine.Report:
-            engine.install_platform(table.install(device, wheel))
+            platform = table.install(device, wheel)
             version = wheel.name.split("-")[1]
             free = engine.FreeMemoryCases(device.free_memory_cases(), table.answer_free)
             return engine.run(
@@ -188,6 +188,8 @@ def main(argv: list[str]) -> int:
                 rank,
                 free,
                 lambda: kernels.image_wheel(device.capability, version, WHEELS),
+                platform,
+                table.device_queries(device),
             )
 
         with summary.logs_to(logs[rank]):

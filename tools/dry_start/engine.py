@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """One rank's start-up through vLLM's own code, as far as it goes without loading weights.
 
-Run with the Python of the vLLM that serves: `python3 -m tools.dry_start.engine [--rank N]
-[--env NAME=VALUE] [--json] -- SERVE_ARGS` (the launcher pipes this file, with the one project
-module it imports, `dspark_common.operator_input`, to the image's `python3 -` on each node).
+Run with the Python of the vLLM that serves, from the project root: `python3 -m
+tools.dry_start.engine [--rank N] [--env NAME=VALUE] [--json] -- SERVE_ARGS` (the launcher runs
+it so in the image on each node; `python -m tools.dry_start` on a host without the device).
 It parses the arguments with vLLM's `vllm serve` parser and builds the `VllmConfig`, then starts
 vLLM's `EngineCore` with a worker and an executor that subclass vLLM's own (`Worker`,
 `UniProcExecutor`) for this rank: the model runner, the DSpark proposer, the target and the draft
@@ -12,11 +12,12 @@ built with vLLM's classes, the KV-cache specs, layout and sizing, the attention 
 CUDA-graph plan and the scheduler are vLLM's. It prints every decision and stops at the first
 refusal with vLLM's message.
 
-Replaced, because a dry start loads no weights, runs no kernel and starts one rank alone:
+Replaced, because a dry start loads no weights, runs no kernel and starts one rank alone (the
+device and the other ranks inside `dry_device`, which restores what it replaced):
 - the weights: the model is built on the meta device (the `dspark_dry` model loader, and every
   tensor model code puts on the CUDA device goes to the meta device); no checkpoint tensor is
-  read, no post-load weight processing (repacking for kernels) runs, DSpark's draft loaders skip
-  their name checks;
+  read, no post-load weight processing (repacking for kernels) runs for the target; the loader is
+  a `DummyModelLoader`, so DSpark's drafts read no checkpoint (the overlay's `reads_checkpoint`);
 - the other ranks: PyTorch's fake process group stands in for them (collectives do nothing),
   the device communicator is vLLM's base class (no NCCL), the tensor-parallel group has no
   shared-memory broadcaster, and which ranks share a node is answered from the deployment's
@@ -46,10 +47,11 @@ import shlex
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
 from dspark_common.operator_input import escaped
+from dspark_common.vllm_flags import closest_flags
 
 DRY_LOAD_FORMAT = "dspark_dry"
 GIB = 1 << 30
@@ -260,16 +262,6 @@ def parse_serve_args(serve_args: list[str]) -> argparse.Namespace:
     return args
 
 
-def closest_flags(parser: argparse.ArgumentParser, said: str) -> str:
-    """The launcher's hint of vLLM's closest flag to each it did not recognise; on a node, where
-    this file runs alone, the launcher has already named them."""
-    try:
-        from dspark_launch.serving_flags import closest_flags as launcher_hint
-    except ImportError:
-        return ""
-    return launcher_hint(parser, said)
-
-
 def create_config(args: argparse.Namespace):
     """`VllmConfig` as `vllm serve` creates it (every config validator runs here)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -308,21 +300,20 @@ def memory_case(label: str, snapshot, cache_config) -> MemoryCase:
     return MemoryCase(label, snapshot.free_memory, requested, None)
 
 
-def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, type]:
+def vllm_classes(rank: int, free_cases: FreeMemoryCases | None, layout: list) -> dict[str, type]:
     """vLLM's loader, worker and executor, each with only the device part replaced.
 
     Defined after vLLM is imported (the caller sets the rank's environment first) and published
     on this module, because vLLM resolves the worker class by its qualified name.
-    `free_cases` are the free memory figures to measure where the device is a table's.
+    `free_cases` are the free memory figures to measure where the device is a table's; the
+    worker puts its parallel config in `layout` (`dry_device`'s same-node answer reads it).
     """
     import torch
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from typing_extensions import override
 
-    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
-    from vllm.model_executor.model_loader import register_model_loader
-    from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+    from vllm.model_executor.model_loader import DummyModelLoader, register_model_loader
     from vllm.platforms import current_platform
     from vllm.utils.mem_utils import MemorySnapshot
     from vllm.utils.torch_utils import set_default_torch_dtype
@@ -332,20 +323,14 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
     from vllm.v1.worker.worker_base import CompilationTimes
 
     @register_model_loader(DRY_LOAD_FORMAT)
-    class DryModelLoader(BaseModelLoader):
-        """Builds the model with vLLM's classes on the meta device; reads no weights."""
-
-        @override
-        def download_model(self, model_config) -> None:
-            pass
+    class DryModelLoader(DummyModelLoader):
+        """Builds the model with vLLM's classes on the meta device; reads no weights and writes
+        none. A `DummyModelLoader`, so DSpark's drafts read no checkpoint either (the overlay's
+        `reads_checkpoint`)."""
 
         @override
         def load_weights(self, model, model_config) -> None:
             pass
-
-        def get_all_weights(self, model_config, model) -> Iterator:
-            """The default loader's checkpoint iterator, empty: no tensor is read."""
-            return iter(())
 
         @override
         def load_model(self, vllm_config, model_config, prefix=""):
@@ -363,7 +348,7 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
             dist.init_process_group(
                 "fake", store=FakeStore(), rank=self.rank, world_size=world_size
             )
-            answer_same_node_from_layout(self.parallel_config)
+            layout.append(self.parallel_config)
             init_worker_distributed_environment(
                 self.vllm_config, self.rank, "env://", self.local_rank, "fake"
             )
@@ -406,40 +391,6 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
         def _distributed_args(self) -> tuple[str, int, int]:
             return "env://", rank, 0
 
-    def answer_same_node_from_layout(parallel_config) -> None:
-        """vLLM's ``in_the_same_node_as`` broadcasts a shared-memory name from the source rank;
-        on a fake group the receiving ranks would unpickle uninitialised memory. Ranks fill
-        their nodes in order, ``world_size / nnodes`` each, as vLLM's multi-node launch does."""
-        from vllm.distributed import parallel_state
-
-        probe = parallel_state.in_the_same_node_as
-        per_node = parallel_config.world_size_across_dp // parallel_config.nnodes
-
-        def same_node_as(pg, source_rank: int = 0) -> list[bool]:
-            if isinstance(pg, dist.ProcessGroup):
-                ranks = dist.get_process_group_ranks(pg)
-            else:
-                ranks = list(range(pg.world_size))
-            return [r // per_node == ranks[source_rank] // per_node for r in ranks]
-
-        for module in list(sys.modules.values()):
-            # The module's own names only: a lazy module's getattr would import on the spot.
-            if vars(module).get("in_the_same_node_as") is probe:
-                module.in_the_same_node_as = same_node_as
-
-    def no_broadcaster(cls, *args, **kwargs) -> None:
-        """The tensor-parallel group's shared-memory queue waits for the other ranks."""
-        return None
-
-    MessageQueue.create_from_process_group = classmethod(no_broadcaster)
-    new_group = dist.new_group
-
-    def fake_group(*args, **kwargs):
-        """Every group the ranks would form (NCCL, gloo) is a fake one: no other rank runs."""
-        kwargs["backend"] = "fake"
-        return new_group(*args, **kwargs)
-
-    dist.new_group = fake_group
     module = sys.modules[__name__]
     classes = {"DryWorker": DryWorker, "DryExecutor": DryExecutor}
     for name, cls in classes.items():
@@ -488,20 +439,7 @@ def _meta_storages() -> dict[int, int]:
     return storages
 
 
-def skip_draft_weights() -> None:
-    """DSpark's drafts check their tensors by name (the Qwen3 draft, through the loader) or
-    read them themselves (the DeepSeek-V4 ring draft, past the loader): no tensor is read."""
-    try:
-        from vllm.v1.spec_decode.dspark import paged_proposer, ring_proposer
-    except ImportError:  # DSpark is not installed: vLLM refuses `dspark` itself
-        return
-    paged_proposer.check_loaded_draft = lambda model, shipped: None
-    ring_proposer.checkpoint_draft_tensors = lambda loader, model_config: {}
-    ring_proposer.load_deepseek_v4_draft = lambda model, weights, hf_config: None
-    ring_proposer.process_weights_after_loading = lambda model, model_config, device: None
-
-
-def install_platform(base: type | None = None) -> None:
+def dry_platform(base: type | None = None) -> type:
     """vLLM's CUDA platform (`base`, else the one vLLM detects) with the device communicator
     of a single rank: the other ranks do not run, so there is nothing to reach over NCCL."""
     from typing_extensions import override
@@ -529,7 +467,87 @@ def install_platform(base: type | None = None) -> None:
                 "DeviceCommunicatorBase"
             )
 
-    vllm.platforms.current_platform = DryStartPlatform()
+    return DryStartPlatform
+
+
+@contextlib.contextmanager
+def dry_device(
+    platform: type | None = None, device_queries: Iterable[tuple[object, str, object]] = ()
+) -> Iterator[list]:
+    """Everything a dry start answers in place of the device and the other ranks, for the
+    block, each original restored after it; yields the layout list `vllm_classes`' worker fills.
+
+    - vLLM's platform: `dry_platform(platform)`; on a table device, torch's device queries
+      (`device_queries`, from `table.device_queries`);
+    - the other ranks: every process group the ranks would form (NCCL, gloo) is PyTorch's fake
+      one, the tensor-parallel group has no shared-memory broadcaster (it would wait for the
+      other ranks), and which ranks share a node is answered from the deployment's layout
+      (vLLM's `in_the_same_node_as` broadcasts a shared-memory name from the source rank; on a
+      fake group the receiving ranks would unpickle uninitialised memory): ranks fill their
+      nodes in order, `world_size / nnodes` each, as vLLM's multi-node launch does;
+    - vLLM inspects model classes in this process instead of a subprocess (which would not see
+      this platform).
+    """
+    from unittest import mock
+
+    import vllm.platforms
+
+    with contextlib.ExitStack() as stack:
+        # First: vLLM's modules read the platform and the device as they are imported.
+        for owner, name, value in [
+            (vllm.platforms, "current_platform", dry_platform(platform)()),
+            *device_queries,
+        ]:
+            stack.enter_context(mock.patch.object(owner, name, value))
+        stack.enter_context(other_ranks_and_inspection(layout := []))
+        yield layout
+
+
+@contextlib.contextmanager
+def other_ranks_and_inspection(layout: list) -> Iterator[None]:
+    """`dry_device`'s other ranks and in-process model inspection, restored after the block."""
+    from unittest import mock
+
+    import torch.distributed as dist
+
+    from vllm.distributed import parallel_state
+    from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
+    from vllm.model_executor.models import registry
+
+    new_group = dist.new_group
+    probe = parallel_state.in_the_same_node_as
+
+    def fake_group(*args, **kwargs):
+        kwargs["backend"] = "fake"
+        return new_group(*args, **kwargs)
+
+    def no_broadcaster(cls, *args, **kwargs) -> None:
+        return None
+
+    def same_node_as(pg, source_rank: int = 0) -> list[bool]:
+        parallel_config = layout[-1]
+        per_node = parallel_config.world_size_across_dp // parallel_config.nnodes
+        if isinstance(pg, dist.ProcessGroup):
+            ranks = dist.get_process_group_ranks(pg)
+        else:
+            ranks = list(range(pg.world_size))
+        return [r // per_node == ranks[source_rank] // per_node for r in ranks]
+
+    replaced = [
+        (dist, "new_group", fake_group),
+        (MessageQueue, "create_from_process_group", classmethod(no_broadcaster)),
+        (registry, "_run_in_subprocess", lambda inspect: inspect()),
+    ]
+    # The module's own names only: a lazy module's getattr would import on the spot.
+    replaced += [
+        (module, "in_the_same_node_as", same_node_as)
+        for module in list(sys.modules.values())
+        if vars(module).get("in_the_same_node_as") is probe
+    ]
+    with contextlib.ExitStack() as stack:
+        for owner, name, value in replaced:
+            stack.enter_context(mock.patch.object(owner, name, value))
+        yield
 
 
 def run(
@@ -537,17 +555,21 @@ def run(
     rank: int,
     free_cases: FreeMemoryCases | None = None,
     kernel_code=None,
+    platform: type | None = None,
+    device_queries: Iterable[tuple[object, str, object]] = (),
 ) -> Report:
-    """vLLM's start-up of `rank` for `serve_args`, every decision recorded. Call
-    `install_platform` first. `kernel_code` gives the fat binaries of the vLLM the node runs
+    """vLLM's start-up of `rank` for `serve_args` on `dry_device(platform, device_queries)`,
+    every decision recorded. `kernel_code` gives the fat binaries of the vLLM the node runs
     (default: the installed one's, `kernels.installed`)."""
-    report = Report(rank)
-    from vllm.model_executor.models import registry
+    with dry_device(platform, device_queries) as layout:
+        return _run(serve_args, rank, free_cases, kernel_code, layout)
 
+
+def _run(
+    serve_args: list[str], rank: int, free_cases: FreeMemoryCases | None, kernel_code, layout
+) -> Report:
+    report = Report(rank)
     warning_log = WarningLog()
-    # vLLM inspects model classes in a subprocess so as not to initialise CUDA here; a dry start
-    # never does, and a subprocess would not see this platform.
-    registry._run_in_subprocess = lambda inspect: inspect()
     report.decide("args", "vllm serve", shlex.join(serve_args))
     try:
         with step("arguments"):
@@ -559,7 +581,7 @@ def run(
         with step("arguments"):
             check_rank(rank, config.parallel_config.world_size)
         describe_config(report, config)
-        start_engine(report, config, rank, free_cases, kernel_code)
+        start_engine(report, config, rank, free_cases, kernel_code, layout)
         if report.not_run is None:  # the sizes below are the runner's final ones
             with step("graphs"):
                 check_widest_decode_batch(config, warning_log.messages)
@@ -581,7 +603,12 @@ def check_rank(rank: int, world_size: int) -> None:
 
 
 def start_engine(
-    report: Report, config, rank: int, free_cases: FreeMemoryCases | None, kernel_code=None
+    report: Report,
+    config,
+    rank: int,
+    free_cases: FreeMemoryCases | None,
+    kernel_code=None,
+    layout: list | None = None,
 ) -> None:
     """vLLM's engine core for `config`, this rank's worker in it."""
     from vllm.triton_utils import HAS_TRITON
@@ -595,8 +622,7 @@ def start_engine(
             "node's dry start (preflight) runs the rest"
         )
         return
-    classes = vllm_classes(rank, free_cases)
-    skip_draft_weights()
+    classes = vllm_classes(rank, free_cases, [] if layout is None else layout)
     config.parallel_config.worker_cls = f"{__name__}.DryWorker"
     config.load_config.load_format = DRY_LOAD_FORMAT
     with step("engine"), meta_device():
@@ -881,16 +907,10 @@ def describe_graphs(report: Report, config, runner) -> None:
         }
     )
     report.decide("graphs", "draft forward PIECEWISE (tokens)", forward)
-    graphs = draft_graphs(drafter)
+    graphs = getattr(drafter, "draft_graphs", None)  # DSpark's FULL graphs
     report.decide("graphs", "draft FULL (requests)", list(graphs.sizes) if graphs else [])
     if graphs is not None:
         report.decide("graphs", "draft FULL variants", ", ".join(graphs.variants))
-
-
-def draft_graphs(drafter):
-    """The FULL graphs a DSpark proposer built for its draft step (the ring proposer's
-    `draft_graphs`, the paged proposer's `chain_graphs`), else None."""
-    return getattr(drafter, "draft_graphs", None) or getattr(drafter, "chain_graphs", None)
 
 
 class UngraphedDraftStep(ValueError):
@@ -911,7 +931,7 @@ def check_draft_graphs(runner) -> None:
     drafter = getattr(runner, "drafter", None)
     if drafter is None or not hasattr(drafter, "initialize_cudagraph_keys"):
         return
-    if not hasattr(drafter, "draft_graphs") and not hasattr(drafter, "chain_graphs"):
+    if not hasattr(drafter, "draft_graphs"):
         return  # not a DSpark proposer
     held = {
         d.num_reqs
@@ -920,7 +940,7 @@ def check_draft_graphs(runner) -> None:
         for d in descriptors
         if d.uniform and d.num_reqs
     }
-    graphs = draft_graphs(drafter)
+    graphs = drafter.draft_graphs
     missing = sorted(held - set(graphs.sizes if graphs else ()))
     if missing:
         raise UngraphedDraftStep(
@@ -984,7 +1004,6 @@ def main(argv: list[str]) -> int:
     serve_args = options.serve_args[1:] if options.serve_args[:1] == ["--"] else options.serve_args
 
     def start() -> Report:
-        install_platform()
         return run(serve_args, options.rank)
 
     return report_and_exit(start, options.json)

@@ -250,8 +250,9 @@ def pinned_kernel_packages(requirements: list[str]) -> dict[str, str]:
 
 
 def install(device: Device, wheel: Path) -> type:
-    """Answer the host's CUDA questions from `device`; call before vLLM is imported. Returns
-    vLLM's CUDA platform class answering from `device`."""
+    """Stand in for vLLM's CUDA extensions and kernel packages and define its operators; call
+    before vLLM is imported. Returns vLLM's CUDA platform class answering from `device` (for
+    `engine.run`, with `device_queries`)."""
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.origin is not None, "no vLLM on this Python"
     vllm_root = Path(spec.origin).parent
@@ -261,7 +262,6 @@ def install(device: Device, wheel: Path) -> type:
     packages = pinned_kernel_packages(distribution.requires or [])
     sys.meta_path.insert(0, _StandInFinder(packages, extensions))
     _define_operators(operator_schemas(wheel, vllm_root), device)
-    _torch_device_queries(device)
     return _table_platform(device)
 
 
@@ -329,9 +329,10 @@ class _InertStream:
         return lambda *args, **kwargs: True
 
 
-def _torch_device_queries(device: Device) -> None:
+def device_queries(device: Device) -> list[tuple[object, str, object]]:
     """torch's own questions to the driver, answered from the table; streams and events are
-    inert."""
+    inert: (owner, name, replacement) for `engine.dry_device` to set and restore."""
+    import psutil
     import torch
 
     properties = types.SimpleNamespace(
@@ -342,26 +343,30 @@ def _torch_device_queries(device: Device) -> None:
         multi_processor_count=device.sm_count,
         is_integrated=device.integrated,
     )
-    torch.cuda.Stream = torch.cuda.Event = _InertStream
-    torch.accelerator.current_device_index = torch.cuda.current_device = lambda: 0
-    torch.cuda.get_device_capability = lambda device_id=None: device.capability
-    torch.cuda.get_device_properties = lambda device_id=None: properties
-    torch.cuda.get_device_name = lambda device_id=None: device.name
     _FREE[:] = [device.free_memory_cases()[0][1]]
-    torch.accelerator.get_memory_info = lambda device_id=None: (_FREE[0], device.memory_bytes)
-    torch.accelerator.memory_stats = lambda device_id=None: {}
-    torch.accelerator.memory_reserved = lambda device_id=None: 0
-    if device.integrated:
-        import psutil
+    host = psutil.virtual_memory
 
-        host = psutil.virtual_memory
+    def unified_memory():
+        """The host's memory is the device's: what vLLM reads as free on an integrated GPU."""
+        return host()._replace(total=device.memory_bytes, available=_FREE[0])
 
-        def unified_memory():
-            """The host's memory is the device's: what vLLM reads as free on an integrated
-            GPU."""
-            return host()._replace(total=device.memory_bytes, available=_FREE[0])
-
-        psutil.virtual_memory = unified_memory
+    return [
+        (torch.cuda, "Stream", _InertStream),
+        (torch.cuda, "Event", _InertStream),
+        (torch.accelerator, "current_device_index", lambda: 0),
+        (torch.cuda, "current_device", lambda: 0),
+        (torch.cuda, "get_device_capability", lambda device_id=None: device.capability),
+        (torch.cuda, "get_device_properties", lambda device_id=None: properties),
+        (torch.cuda, "get_device_name", lambda device_id=None: device.name),
+        (
+            torch.accelerator,
+            "get_memory_info",
+            lambda device_id=None: (_FREE[0], device.memory_bytes),
+        ),
+        (torch.accelerator, "memory_stats", lambda device_id=None: {}),
+        (torch.accelerator, "memory_reserved", lambda device_id=None: 0),
+        *([(psutil, "virtual_memory", unified_memory)] if device.integrated else []),
+    ]
 
 
 _FREE: list[int] = []

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every draft step a serving V1 engine ran, with the proof that it replayed a FULL graph.
 
-The DSpark proposers draft a decode batch through their FULL draft graphs (`RequestGraphs`: the
-ring proposer's `draft_graphs`, the paged proposer's `chain_graphs`), one per padded request
+The DSpark proposers draft a decode batch through their FULL draft graphs (`RequestGraphs`, each
+proposer's `draft_graphs`), one per padded request
 count and variant (greedy, sampled). While `watching`, each `propose` call is one step: its
 batch size (the runner's requests), its variant (sampled when any request samples), and whether
 a FULL draft graph was replayed in it (a `torch.cuda.CUDAGraph.replay` counted by `GraphEvents`

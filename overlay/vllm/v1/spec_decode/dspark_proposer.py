@@ -2,10 +2,10 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """DSpark speculative decoding on vLLM's V1 model runner: the entry points.
 
-vLLM's front end calls ``check_dspark_config`` once it has built the config (``EngineArgs``,
-patched), so that every refusal that needs no weights comes before any process starts; the
-runner patch calls ``make_dspark_proposer``, which picks the proposer of the draft's family
-(``dspark/family.py``, which the scheduler patch imports alone).
+``VllmConfig`` calls ``check_dspark_config`` as it validates (patched), in vLLM's front end:
+every refusal that needs no weights comes before any process starts, and what passes is the
+draft's spec (``dspark/spec.py``), kept on the config for every engine process. The
+runner patch calls ``make_dspark_proposer``, which builds the proposer of the spec's family.
 """
 
 import torch
@@ -14,54 +14,53 @@ from vllm.config import VllmConfig
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.dspark import __version__
 from vllm.v1.spec_decode.dspark.checks import (
-    check_draft,
-    check_speculative_fields,
-    unsupported_fields,
+    check_confidence_scheduling_without_async,
+    checked_draft_spec,
 )
-from vllm.v1.spec_decode.dspark.family import draft_family
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
-from vllm.v1.spec_decode.dspark.refusal import refuse
+from vllm.v1.spec_decode.dspark.field_errors import REFUSAL
+from vllm.v1.spec_decode.dspark.spec import draft_spec
 
 logger = init_logger(__name__)
 
 
 def check_dspark_config(vllm_config: VllmConfig) -> None:
     """Refuse, in one line, what the V1 proposer could only refuse after the target loads: the
-    draft's config and files and the speculative config's fields."""
-    speculative_config = vllm_config.speculative_config
+    draft's config and files and the speculative config's fields; keep the draft's spec on
+    ``vllm_config.speculative_config.dspark_draft``."""
     try:
-        family = draft_family(speculative_config.draft_model_config)
-        check_draft(vllm_config, family)
-        check_speculative_fields(
-            speculative_config,
-            async_scheduling=bool(vllm_config.scheduler_config.async_scheduling),
-            target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
-            unsupported=unsupported_fields(family),
-        )
-        DSparkOptions.from_config(speculative_config)  # the confidence pair checks itself
+        spec = checked_draft_spec(vllm_config)
     except ValueError as error:
-        raise ValueError(f"DSpark refused the configuration: {error}") from None
+        raise ValueError(f"{REFUSAL}{error}") from None
+    vllm_config.speculative_config.dspark_draft = spec
+    block_size = spec.trained_block_size
+    if block_size and spec.num_drafts < block_size:
+        logger.info(
+            "DSpark draft trained with block size %d: %s, verifying the first k=%d.",
+            block_size,
+            "drafting k per step" if spec.family == "deepseek_v4" else "drafting the full block",
+            spec.num_drafts,
+        )
+
+
+def check_dspark_scheduling(vllm_config: VllmConfig) -> None:
+    """Refuse confidence-scheduled lengths under async scheduling, once the platform has had
+    the last word on it (``VllmConfig`` validates, patched, after ``check_dspark_config``)."""
+    scheduler = draft_spec(vllm_config).options.scheduling.scheduler
+    try:
+        check_confidence_scheduling_without_async(
+            scheduler, bool(vllm_config.scheduler_config.async_scheduling)
+        )
+    except ValueError as error:
+        raise ValueError(f"{REFUSAL}{error}") from None
 
 
 def make_dspark_proposer(vllm_config: VllmConfig, device: torch.device, runner=None):
-    """The V1 DSpark proposer for the configured draft (``check_dspark_config`` passed). A
-    refusal here or of the loaded draft (``records_refusal``) is logged once more as one short
-    line, and recorded for the frontend to raise last (``dspark/refusal.py``): vLLM's start-up
-    failure buries it in a long traceback."""
-    try:
-        return _make_proposer(vllm_config, device, runner)
-    except ValueError as error:
-        refuse(vllm_config.instance_id, error)
-        raise
-
-
-def _make_proposer(vllm_config: VllmConfig, device: torch.device, runner):
-    """Full-attention Qwen3 and Gemma-4 drafts keep their context in vLLM's paged
-    KV cache (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the
-    proposer's own ring."""
-    family = draft_family(vllm_config.speculative_config.draft_model_config)
-    logger.info("DSpark %s (dspark-vllm), %s draft.", __version__, family)
-    if family != "deepseek_v4":
+    """The V1 DSpark proposer of the draft's family (``check_dspark_config`` passed):
+    full-attention Qwen3 and Gemma-4 drafts keep their context in vLLM's paged KV cache
+    (DFlash's machinery), DeepSeek-V4's sliding-window drafts in the proposer's own ring."""
+    spec = draft_spec(vllm_config)
+    logger.info("DSpark %s (dspark-vllm), %s draft.", __version__, spec.family)
+    if spec.family != "deepseek_v4":
         from vllm.v1.spec_decode.dspark.paged_proposer import DSparkPagedProposer
 
         return DSparkPagedProposer(vllm_config, device, runner)

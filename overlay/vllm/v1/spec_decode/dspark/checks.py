@@ -3,13 +3,13 @@
 """Every start-up refusal of a DSpark configuration, its draft's config and files, in one place.
 
 A bad value stops start-up in one line naming the field and the fix, instead of failing at the
-first request or deep in a loader. ``check_draft`` (the config and file checks) and
-``check_speculative_fields`` run in vLLM's front end once it has built the config, before any
-weight loads (``check_dspark_config``); the loaded draft's tensors are checked right after
-loading. Each field is looked up once (``target_layer_ids`` ...), each check is named for
-what it refuses, and all but the file checks are pure functions of config values. The
-DeepSeek-V4 draft's own fields are validated by its config class
-(``deepseek_v4/config.py``) and its ``mtp.*`` tensors by its strict loader.
+first request or deep in a loader. ``checked_draft_spec`` (the config and file checks and
+``check_speculative_fields``) runs in vLLM's front end as ``VllmConfig`` validates, before any
+weight loads (``check_dspark_config``), and returns the draft's ``DSparkDraftSpec``; the loaded
+draft's tensors are checked in the worker right after loading (they need the built draft).
+Each field is looked up once, each check is named for what it refuses, and all but the file
+checks are pure functions of config values. The DeepSeek-V4 draft's own fields are validated
+by its config class (``deepseek_v4/config.py``) and its ``mtp.*`` tensors by its strict loader.
 """
 
 import dataclasses
@@ -17,8 +17,10 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from vllm.v1.spec_decode.dspark.block import check_block_size, trained_block_size
 from vllm.v1.spec_decode.dspark.draft_log import append_records, start_record
+from vllm.v1.spec_decode.dspark.family import draft_family
+from vllm.v1.spec_decode.dspark.options import DSparkOptions
+from vllm.v1.spec_decode.dspark.spec import DSparkDraftSpec
 
 # Fields of the speculative config ---------------------------------------------------------------
 
@@ -71,20 +73,18 @@ OTHER_METHODS_FIELDS = (
 def check_speculative_fields(
     speculative_config,
     *,
-    async_scheduling: bool,
     target_tensor_parallel_size: int,
     unsupported: Mapping[str, str],
 ) -> None:
     """The speculative config's fields that a DSpark proposer cannot honour, alone or together.
-    (``ConfidenceScheduleConfig`` checks the ``dspark_confidence_*`` pair itself.)"""
+    (``ConfidenceScheduleConfig`` checks the ``dspark_confidence_*`` pair itself, and
+    ``check_confidence_scheduling_without_async`` the scheduler once the platform settled
+    async scheduling.)"""
     refuse_unsupported_fields(speculative_config, unsupported)
     refuse_other_methods_fields(speculative_config)
     check_probabilistic_drafts_sampler(speculative_config)
     check_draft_tensor_parallel_size(
         speculative_config.draft_tensor_parallel_size, target_tensor_parallel_size
-    )
-    check_confidence_scheduling_without_async(
-        speculative_config.dspark_confidence_scheduler, async_scheduling
     )
     check_draft_log(speculative_config.dspark_draft_log)
 
@@ -177,33 +177,60 @@ def check_draft_log(path: str | None) -> None:
 # The draft's config, before anything is built -----------------------------------------------------
 
 
-def check_draft(vllm_config, family: str) -> None:
-    """The draft config's values and files, before anything is built."""
-    draft_model_config = vllm_config.speculative_config.draft_model_config
+def checked_draft_spec(vllm_config) -> DSparkDraftSpec:
+    """The draft's config values and files and the speculative config's fields, checked before
+    anything is built; what passes is the draft's spec."""
+    speculative_config = vllm_config.speculative_config
+    draft_model_config = speculative_config.draft_model_config
     config = draft_model_config.hf_config
-    check_block_size(config)
+    family = draft_family(draft_model_config)
+    block_size = trained_block_size(config)
     check_draft_flags(config)
-    check_k_within_block(config, vllm_config.speculative_config.num_speculative_tokens)
+    k = speculative_config.num_speculative_tokens
+    check_k_within_block(block_size, k)
+    deepseek_v4 = None
+    taps: Sequence[int]
+    mask: int | None
     if family == "deepseek_v4":
         from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
 
-        DeepSeekV4DSparkConfig.from_hf_config(config)
+        deepseek_v4 = DeepSeekV4DSparkConfig.from_hf_config(config)
+        taps, mask = deepseek_v4.dspark_target_layer_ids, deepseek_v4.dspark_noise_token_id
     else:
-        check_paged_draft(vllm_config, family)
+        taps, mask = check_paged_draft(vllm_config, family)
     check_safetensors_files(draft_model_config.model)
+    check_speculative_fields(
+        speculative_config,
+        target_tensor_parallel_size=vllm_config.parallel_config.tensor_parallel_size,
+        unsupported=unsupported_fields(family),
+    )
+    return DSparkDraftSpec(
+        family=family,
+        num_drafts=k,
+        trained_block_size=block_size,
+        samples_from_anchor=getattr(config, "sample_from_anchor", True),
+        target_layer_ids=tuple(taps),
+        mask_token_id=mask,
+        options=DSparkOptions.from_config(speculative_config),  # checks the confidence pair
+        deepseek_v4=deepseek_v4,
+    )
 
 
-def check_paged_draft(vllm_config, family: str) -> None:
-    """What a full-attention (Qwen3, Gemma-4) draft reads beyond its layers."""
+def check_paged_draft(vllm_config, family: str) -> tuple[list[int], int | None]:
+    """What a full-attention (Qwen3, Gemma-4) draft reads beyond its layers: its taps and
+    mask token, checked."""
     draft_model_config = vllm_config.speculative_config.draft_model_config
     config = draft_model_config.hf_config
     target = vllm_config.model_config
     check_full_attention_layers(config, draft_model_config.model)
-    check_mask_token_id(config, target.get_vocab_size())
-    check_target_layer_ids(config, target.get_total_num_hidden_layers())
+    mask = mask_token_id(config)
+    check_mask_token_id(mask, target.get_vocab_size())
+    taps = target_layer_ids(config)
+    check_target_layer_ids(taps, target.get_total_num_hidden_layers())
     check_target_feature_width(config, target.get_hidden_size())
     if family == "gemma4":
         check_gemma4_draft(draft_model_config, target)
+    return list(taps), mask
 
 
 def _is_int(value: object) -> bool:
@@ -232,9 +259,27 @@ def check_draft_flags(config: object) -> None:
         )
 
 
-def check_k_within_block(config: object, k: int) -> None:
+def check_block_size(config: Any) -> None:
+    """DeepSpec's ``block_size`` (or ``dspark_block_size``), when present, is a positive int:
+    0 would read as "unset" and "4" fail as a TypeError deep in the proposer."""
+    for key in ("block_size", "dspark_block_size"):
+        value = getattr(config, key, None)
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ValueError(
+                f"The DSpark draft config's {key}={value!r} is not a positive integer. Set it "
+                "to the block size the draft was trained with (an integer, e.g. 7)."
+            )
+
+
+def trained_block_size(config: Any) -> int | None:
+    """The block the draft was trained on (DeepSpec's ``block_size``, V4's
+    ``dspark_block_size``), checked."""
+    check_block_size(config)
+    return getattr(config, "block_size", None) or getattr(config, "dspark_block_size", None)
+
+
+def check_k_within_block(block_size: int | None, k: int) -> None:
     """k beyond the draft's trained block size: it never learned to predict that far."""
-    block_size = trained_block_size(config)
     if block_size and k > block_size:
         raise ValueError(
             f"num_speculative_tokens={k} exceeds the DSpark draft's trained block size "
@@ -268,9 +313,8 @@ def check_full_attention_layers(config: object, name: str) -> None:
         )
 
 
-def check_mask_token_id(config: object, target_vocab_size: int) -> None:
+def check_mask_token_id(mask: Any, target_vocab_size: int) -> None:
     """The mask token is embedded by the target's embedding, so inside its vocabulary."""
-    mask = mask_token_id(config)
     if mask is not None and (not _is_int(mask) or not 0 <= mask < target_vocab_size):
         raise ValueError(
             f"The DSpark draft config's mask_token_id={mask!r} is not a token id of the "
@@ -279,11 +323,10 @@ def check_mask_token_id(config: object, target_vocab_size: int) -> None:
         )
 
 
-def check_target_layer_ids(config: object, num_target_layers: int) -> None:
+def check_target_layer_ids(taps: Any, num_target_layers: int) -> None:
     """The taps: integer ids of this target's layers (-1: its embeddings), strictly increasing
     (the target hands its taps over in layer order; DeepSpec concatenates them in config order:
     the two agree only for increasing ids)."""
-    taps = target_layer_ids(config)
     if not taps:
         raise ValueError(
             "The DSpark draft config names no target layers: set target_layer_ids (DeepSpec) "

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """FULL CUDA graphs of the DSpark draft step, one per padded request count: the ring draft's
 block step (``DraftGraphs``) and the paged draft's stage after its forward (``ChainGraphs``;
-the forward itself replays upstream DFlash's piecewise graphs); and the capture plan of a
-deployment (``capture_plan``).
+the forward itself replays upstream DFlash's piecewise graphs). Both proposers hold theirs as
+``draft_graphs``.
 
 The V1 runner loads the drafter before it resolves its CUDA-graph mode and capture sizes
 (``resolve_cudagraph_mode_and_sizes`` rounds them to multiples of k + 1), then calls the
@@ -20,12 +20,10 @@ default generator, which CUDA graphs advance on every replay.
 """
 
 import bisect
-import copy
 import dataclasses
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from typing_extensions import override
@@ -35,14 +33,10 @@ from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.forward_context import BatchDescriptor, set_forward_context
 from vllm.logger import init_logger
-from vllm.v1.attention.backend import AttentionCGSupport
-from vllm.v1.cudagraph_dispatcher import CudagraphDispatcher
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import _SAMPLING_EPS
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter, DraftOutput
-from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import DraftSampler, SampledDrafts, greedy_sample
-from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
 logger = init_logger(__name__)
 
@@ -173,7 +167,7 @@ class RequestGraphs(ABC):
         if sampled not in self._graphs:
             return []
         return sorted(
-            descriptor.num_tokens
+            descriptor.num_reqs
             for descriptor, entry in self._graphs[sampled].concrete_cudagraph_entries.items()
             if entry.cudagraph is not None
         )
@@ -257,7 +251,9 @@ class RequestGraphs(ABC):
             self._vllm_config,
             num_tokens=size * self.num_drafts,
             cudagraph_runtime_mode=mode,
-            batch_descriptor=BatchDescriptor(num_tokens=size),
+            batch_descriptor=BatchDescriptor(
+                num_tokens=size * self.num_drafts, num_reqs=size, uniform=True
+            ),
         )
 
 
@@ -390,165 +386,3 @@ class ChainGraphs(RequestGraphs):
             self._draft_tokens,
         )
         return () if confidence is None else (confidence,)
-
-
-def graph_and_eager_drafts_agree(proposer) -> dict[int, bool]:
-    """For each captured size: whether replaying its greedy graph drafts exactly what the eager
-    draft does for the same inputs (the scratch slot, distinct anchors and anchor tokens). A
-    GPU self-test calls this on a loaded ``DSparkRingProposer`` after the runner captured its
-    graphs; it writes nothing but the scratch slot's block buffers."""
-    return _agreement(proposer, sampled=False, seed=0)
-
-
-def sampled_graph_and_eager_drafts_agree(proposer, seed: int) -> dict[int, bool]:
-    """As ``graph_and_eager_drafts_agree`` for the sampled graphs, at temperature 0.8: both
-    drafts drawn from the generator reseeded with ``seed``, tokens and distributions compared.
-    It also writes the distributions buffer."""
-    return _agreement(proposer, sampled=True, seed=seed)
-
-
-def _agreement(proposer, sampled: bool, seed: int) -> dict[int, bool]:
-    graphs, drafter = proposer.draft_graphs, proposer._drafter
-    assert graphs is not None and drafter is not None, "no draft graphs were captured"
-    device = drafter.ring.tags.device
-    agree = {}
-    for size in graphs.captured(sampled):
-        slots = torch.full((size,), drafter.scratch_slot, dtype=torch.int64, device=device)
-        anchors = torch.arange(size, dtype=torch.int64, device=device) * 7
-        anchor_tokens = torch.arange(size, dtype=torch.int64, device=device) + 1
-        metadata = None
-        sample = greedy_sample
-        if sampled:
-            metadata = dataclasses.replace(
-                proposer._runner.input_batch.sampling_metadata,
-                temperature=torch.full((size,), 0.8, device=device),
-                all_greedy=False,
-                all_random=True,
-            )
-            sample = proposer._position_sampler(metadata)
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(seed)
-            with proposer._draft_context(size):
-                eager = drafter.draft(
-                    slots, anchors, anchor_tokens, graphs.num_drafts, sample=sample
-                )
-            eager_probs = None if eager.probs is None else eager.probs.clone()
-            torch.manual_seed(seed)
-            replayed = graphs.draft(slots, anchors, anchor_tokens, size, metadata)
-        same = torch.equal(eager.token_ids, replayed.token_ids)
-        if sampled:
-            same = same and torch.equal(eager_probs, replayed.probs)
-        agree[size] = bool(same)
-    return agree
-
-
-@dataclass(frozen=True)
-class CapturePlan:
-    """The CUDA graphs a DSpark deployment captures, as the V1 runner will capture them."""
-
-    mode: CUDAGraphMode
-    """The target's resolved cudagraph mode."""
-    target: tuple[tuple[CUDAGraphMode, tuple[int, ...]], ...]
-    """The runner's capture passes: runtime mode and the token counts it captures."""
-    draft_forward: tuple[int, ...]
-    """Paged family: query-token counts of upstream DFlash's PIECEWISE graphs of the draft
-    forward (captured in the runner's PIECEWISE pass only); ring family: none."""
-    draft_requests: tuple[int, ...]
-    """Request counts of the draft's FULL graphs: the ring family's block step, the paged
-    family's stage after the forward (base logits, Markov chain, confidence head)."""
-    draft_variants: tuple[str, ...]
-    """``greedy`` and, with probabilistic drafts, ``sampled``."""
-
-    def lines(self) -> list[str]:
-        """The plan as a few lines for a start-up report."""
-        lines = [f"target: cudagraph mode {self.mode.name}"]
-        lines += [f"  {mode.name} pass: {list(sizes)} tokens" for mode, sizes in self.target]
-        if self.draft_forward:
-            lines.append(f"draft forward: PIECEWISE graphs for {list(self.draft_forward)} tokens")
-        if self.draft_requests:
-            lines.append(
-                f"draft: FULL graphs for {list(self.draft_requests)} requests "
-                f"({' and '.join(self.draft_variants)} drafts)"
-            )
-        if not self.draft_forward and not self.draft_requests:
-            lines.append("draft: no CUDA graphs (every draft step runs eagerly)")
-        return lines
-
-
-def resolved_as_by_the_runner(
-    vllm_config: VllmConfig, attention_support: AttentionCGSupport
-) -> VllmConfig:
-    """A copy of ``vllm_config`` whose compilation config is resolved as the V1 runner resolves
-    it (``resolve_cudagraph_mode_and_sizes`` with the runner's arguments), for a config no
-    runner has resolved yet; ``attention_support``: the minimum ``AttentionCGSupport`` of the
-    deployment's attention backends."""
-    # Shallow copies: resolving assigns new values, never mutates the originals'.
-    config = copy.copy(vllm_config)
-    config.compilation_config = copy.copy(vllm_config.compilation_config)
-    config.compilation_config.resolve_cudagraph_mode_and_sizes(
-        attention_support,
-        None,
-        config.uniform_decode_query_len,
-        use_v2_model_runner=False,
-        max_num_reqs=config.scheduler_config.max_num_seqs,
-    )
-    return config
-
-
-def capture_plan(vllm_config: VllmConfig, on_cuda: bool = True) -> CapturePlan:
-    """The target's and the draft's CUDA graphs for ``vllm_config`` as the V1 runner left it
-    (a running engine's; before, ``resolved_as_by_the_runner``), from vLLM's own dispatch
-    code."""
-    mode = vllm_config.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
-    target = _capture_passes(vllm_config, mode)
-    speculative_config = vllm_config.speculative_config
-    forward: list[int] = []
-    if draft_family(speculative_config.draft_model_config) != "deepseek_v4" and on_cuda:
-        # Upstream's drafter dispatcher; the runner captures its keys in PIECEWISE passes only.
-        drafter = _DrafterKeys(vllm_config)
-        SpecDecodeBaseProposer.initialize_cudagraph_keys(drafter, mode)
-        runner_passes = {pass_mode for pass_mode, _ in target}
-        forward = [
-            size
-            for pass_mode, sizes in _descriptor_sizes(drafter.cudagraph_dispatcher)
-            if pass_mode in runner_passes
-            for size in sizes
-        ]
-    requests = draft_graph_sizes(vllm_config, mode, on_cuda)
-    sampled = speculative_config.draft_sample_method == "probabilistic"
-    return CapturePlan(
-        mode=mode,
-        target=target,
-        draft_forward=tuple(sorted(forward)),
-        draft_requests=tuple(requests),
-        draft_variants=(("greedy", "sampled") if sampled else ("greedy",)) if requests else (),
-    )
-
-
-@dataclass
-class _DrafterKeys:
-    """What ``SpecDecodeBaseProposer.initialize_cudagraph_keys`` reads of a proposer."""
-
-    vllm_config: VllmConfig
-
-    def __post_init__(self) -> None:
-        self.speculative_config = self.vllm_config.speculative_config
-        self.cudagraph_dispatcher = CudagraphDispatcher(self.vllm_config)
-
-
-def _capture_passes(
-    vllm_config: VllmConfig, mode: CUDAGraphMode
-) -> tuple[tuple[CUDAGraphMode, tuple[int, ...]], ...]:
-    """The runner's capture passes (its dispatcher's keys for ``mode``)."""
-    dispatcher = CudagraphDispatcher(vllm_config)
-    dispatcher.initialize_cudagraph_keys(mode, vllm_config.uniform_decode_query_len)
-    return _descriptor_sizes(dispatcher)
-
-
-def _descriptor_sizes(
-    dispatcher: CudagraphDispatcher,
-) -> tuple[tuple[CUDAGraphMode, tuple[int, ...]], ...]:
-    return tuple(
-        (mode, tuple(sorted(d.num_tokens for d in descriptors)))
-        for mode, descriptors in dispatcher.get_capture_descs()
-    )

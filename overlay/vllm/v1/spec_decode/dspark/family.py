@@ -2,14 +2,15 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Which DSpark draft a config names, and what the scheduler needs to know of it.
 
-The scheduler's patch imports this module when speculative decoding is DSpark, so it
-imports neither torch nor any draft code: a V4 draft's config module is read only when
-a V4 draft is configured.
+The scheduler's patch imports this module when speculative decoding is DSpark; it imports
+no draft code itself.
 """
 
-from typing import Any
+from typing import Any, Literal
 
-_PAGED_ARCHITECTURES = {
+DraftFamily = Literal["deepseek_v4", "qwen3", "gemma4"]
+
+_PAGED_ARCHITECTURES: dict[str, DraftFamily] = {
     "Qwen3DSparkModel": "qwen3",
     "Qwen3DSparkForCausalLM": "qwen3",
     "Gemma4DSparkModel": "gemma4",
@@ -24,7 +25,7 @@ def is_deepseek_v4_dspark(hf_config: Any) -> bool:
     )
 
 
-def draft_family(draft_model_config: Any) -> str:
+def draft_family(draft_model_config: Any) -> DraftFamily:
     """``"deepseek_v4"``, ``"qwen3"`` or ``"gemma4"``; anything else is not a
     DSpark draft this proposer can run."""
     config = draft_model_config.hf_config
@@ -42,20 +43,11 @@ def draft_family(draft_model_config: Any) -> str:
 
 
 def prefix_hit_recompute_tokens(vllm_config: Any) -> int:
-    """How many tokens a prefix-cache hit must leave the target to recompute.
-
-    A DeepSeek-V4 draft's ring holds the target features of the last
-    ``sliding_window`` positions, and a request that starts from a hit fills it
-    from the recomputed tokens alone. V1's own margin (the last token, one hash
-    block more for EAGLE-family methods) can be shorter: with a tiny V4 target
-    on CPU, 448 of 540 prompt tokens hit, 92 recomputed for a window of 128.
-    Everything else keeps vLLM's 1."""
+    """How many tokens a prefix-cache hit must leave the target to recompute (the scheduler's
+    patch asks): the draft spec's answer for DSpark, vLLM's 1 otherwise."""
     speculative_config = vllm_config.speculative_config
     if speculative_config is None or not speculative_config.use_dspark():
         return 1
-    draft_model_config = speculative_config.draft_model_config
-    if draft_family(draft_model_config) != "deepseek_v4":
-        return 1
-    from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
+    from vllm.v1.spec_decode.dspark.spec import draft_spec
 
-    return DeepSeekV4DSparkConfig.from_hf_config(draft_model_config.hf_config).sliding_window
+    return draft_spec(vllm_config).prefix_hit_recompute_tokens

@@ -4,14 +4,17 @@
 
 vLLM's front end builds ``SpeculativeConfig`` from ``--speculative-config`` (``EngineArgs``,
 patched); pydantic's error lists every literal of every union member, ~56 lines for a mistyped
-method, and none of them says which value was meant. Kept free of torch and model imports.
+method, and none of them says which value was meant. A DSpark refusal raised while
+``VllmConfig`` validates (``check_dspark_config``) comes out of pydantic as its own line too.
+Kept free of torch and model imports.
 """
 
 import dataclasses
 import difflib
+import functools
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -46,3 +49,27 @@ def speculative_config_error(error: ValidationError, config_class: type) -> str:
     fields = [field.name for field in dataclasses.fields(config_class)]
     lines = dict.fromkeys(_field_line(item, fields) for item in error.errors())
     return " ".join(lines)
+
+
+REFUSAL = "DSpark refused the configuration: "
+"""How every DSpark refusal of a configuration begins."""
+
+_Config = TypeVar("_Config")
+
+
+def refusals_in_one_line(config_class: Callable[..., _Config]) -> Callable[..., _Config]:
+    """``config_class`` (``VllmConfig``) whose validation raises a DSpark refusal as the
+    ``ValueError`` it is, rather than inside pydantic's multi-line ``ValidationError``."""
+
+    @functools.wraps(config_class)
+    def build(*args: Any, **kwargs: Any) -> _Config:
+        try:
+            return config_class(*args, **kwargs)
+        except ValidationError as error:
+            for item in error.errors():
+                cause = item.get("ctx", {}).get("error")
+                if isinstance(cause, ValueError) and str(cause).startswith(REFUSAL):
+                    raise ValueError(str(cause)) from None
+            raise
+
+    return build

@@ -35,26 +35,20 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dflash import DFlashProposer
-from vllm.v1.spec_decode.dspark.block import (
-    num_block_drafts,
-    num_block_queries,
-    samples_from_anchor,
-    trained_block_size,
-)
 from vllm.v1.spec_decode.dspark.checks import (
     check_full_vocabulary,
     check_loaded_draft,
 )
 from vllm.v1.spec_decode.dspark.cudagraph import ChainGraphs, draft_graph_sizes
-from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import (
     DraftSampler,
     greedy_sample,
     markov_chain,
     plain_markov_weights,
 )
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, reads_checkpoint
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
+from vllm.v1.spec_decode.dspark.spec import draft_spec
 
 logger = init_logger(__name__)
 
@@ -67,61 +61,53 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
     """DSpark drafts whose layers attend to the whole context (paged draft KV)."""
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, runner=None) -> None:
-        speculative_config = vllm_config.speculative_config
-        assert speculative_config is not None and speculative_config.method == "dspark"
-        draft_model_config = speculative_config.draft_model_config
-        config = draft_model_config.hf_config
-        k = speculative_config.num_speculative_tokens
-        block_size = trained_block_size(config)
-        self._family = draft_family(draft_model_config)
-        self.num_block_drafts = num_block_drafts(config, k)
+        spec = draft_spec(vllm_config)
+        self.num_block_drafts = spec.num_block_drafts
         # Read by DFlashProposer.__init__ to size and build the query block.
-        self.num_query_per_req = num_block_queries(config, k)
+        self.num_query_per_req = spec.num_queries
         super().__init__(vllm_config, device, runner)
-        self._init_dspark(runner)
+        self._init_dspark(spec, runner)
         rows = torch.arange(self.max_batch_size, device=device) * self.num_query_per_req
         self._anchor_rows = rows
         # [max_batch, block] query rows whose hidden states are sampled: from the
         # anchor's own slot (DeepSpec) or the one after it (fill-in layout).
-        first_sampled_slot = 0 if samples_from_anchor(config) else 1
+        first_sampled_slot = 0 if spec.samples_from_anchor else 1
         self._sample_rows = (
             rows[:, None] + first_sampled_slot + torch.arange(self.num_block_drafts, device=device)
         ).to(torch.int32)
         self._draft_probs = self._new_draft_probs()
-        self.chain_graphs: ChainGraphs | None = None
+        self.draft_graphs: ChainGraphs | None = None
         self._chain_hidden: torch.Tensor | None = None
-        if block_size and k < block_size:
-            logger.info(
-                "DSpark draft trained with block size %d: drafting the full block, "
-                "verifying the first k=%d.",
-                block_size,
-                k,
-            )
 
     # Model ------------------------------------------------------------------
     @override
     def _get_model(self) -> nn.Module:
         """Upstream's loader, with the Gemma-4 draft's layer prefix, then every tensor it
-        read and every draft parameter accounted for by name. A Gemma-4 draft's shipped
-        ``embed_tokens`` / ``lm_head`` are marked its own, as Qwen3's ``load_weights``
-        marks them, so that the target's are shared only when identical."""
+        read and every draft parameter accounted for by name (unless the load format reads
+        no checkpoint, ``reads_checkpoint``). A Gemma-4 draft's shipped ``embed_tokens`` /
+        ``lm_head`` are marked its own, as Qwen3's ``load_weights`` marks them, so that the
+        target's are shared only when identical."""
         draft_vllm_config = self._create_draft_vllm_config()
         loader = get_model_loader(get_draft_load_config(draft_vllm_config))
-        read_all_weights, shipped = loader.get_all_weights, []
+        checkpoint, shipped = reads_checkpoint(loader), []
+        if checkpoint:
+            read_all_weights = loader.get_all_weights
 
-        def named_weights(*args):
-            for name, tensor in read_all_weights(*args):
-                shipped.append(name)
-                yield name, tensor
+            def named_weights(*args):
+                for name, tensor in read_all_weights(*args):
+                    shipped.append(name)
+                    yield name, tensor
 
-        loader.get_all_weights = named_weights
+            loader.get_all_weights = named_weights
         with set_model_tag("eagle_head"):
             model = loader.load_model(
                 vllm_config=draft_vllm_config,
                 model_config=self.draft_model_config,
-                prefix=_DRAFT_PREFIX.get(self._family, ""),
+                prefix=_DRAFT_PREFIX.get(self.spec.family, ""),
             )
-        if self._family == "gemma4":
+        if not checkpoint:
+            return model
+        if self.spec.family == "gemma4":
             for name in shipped:
                 process_eagle_weight(model, name)
         check_loaded_draft(model, shipped)
@@ -160,13 +146,13 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         """Upstream's piecewise keys for the draft forward; then the chain's FULL graphs,
         planned from the runner's final capture sizes."""
         super().initialize_cudagraph_keys(cudagraph_mode)
-        self.chain_graphs = None
+        self.draft_graphs = None
         sizes = draft_graph_sizes(
             self.vllm_config, cudagraph_mode, current_platform.is_cuda_alike()
         )
         if not sizes or self._chain_hidden is None:
             return
-        self.chain_graphs = ChainGraphs(
+        self.draft_graphs = ChainGraphs(
             self._draft_chain,
             self._chain_hidden,
             self._anchor_tokens,
@@ -188,8 +174,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         """DFlash's dummy run; in the runner's first capture pass call (any mode), the chain's
         FULL graphs are captured too."""
         super().dummy_run(num_tokens, use_cudagraphs, is_graph_capturing, slot_mappings)
-        if is_graph_capturing and self.chain_graphs is not None:
-            self.chain_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
+        if is_graph_capturing and self.draft_graphs is not None:
+            self.draft_graphs.capture_missing(self._runner.input_batch.sampling_metadata)
 
     @override
     def initialize_attn_backend(
@@ -257,7 +243,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         num_requests = hidden_states.shape[0] // k
         sample = self._position_sampler(sampling_metadata)
         sampled = sample is not greedy_sample
-        graphs = self.chain_graphs
+        graphs = self.draft_graphs
         size = None if graphs is None else graphs.padded_size(num_requests, sampled)
         if size is None:
             drafts, confidence, probs = self._draft_chain(

@@ -1,13 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""What both V1 DSpark proposers share: their options, the per-position
-sampler, the confidence-scheduled lengths and the draft log."""
+"""What both V1 DSpark proposers share: their spec and options, the per-position
+sampler, the confidence-scheduled lengths, the draft log and whether the draft's
+weights come from its checkpoint."""
 
 import functools
 
 import torch
 
 from vllm.config.compilation import CUDAGraphMode
+from vllm.model_executor.model_loader import BaseModelLoader, DummyModelLoader
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.spec_decode.dspark.checks import check_confidence_head
 from vllm.v1.spec_decode.dspark.draft_log import DraftLog
@@ -17,17 +19,28 @@ from vllm.v1.spec_decode.dspark.markov import (
     draft_probs_buffer,
     greedy_sample,
 )
-from vllm.v1.spec_decode.dspark.options import DSparkOptions
 from vllm.v1.spec_decode.dspark.scheduling import schedule_lengths
+from vllm.v1.spec_decode.dspark.spec import DSparkDraftSpec
+
+
+def reads_checkpoint(loader: BaseModelLoader) -> bool:
+    """Whether the draft's weights come from its checkpoint, checked by name and loaded
+    strictly: not under vLLM's ``load_format="dummy"`` (``DummyModelLoader`` and its
+    subclasses), which reads no checkpoint and gives the draft the loader's own values (random
+    ones). The one seam for building the draft without its weights: the dry start's loader
+    (``tools/dry_start/engine.py``) subclasses ``DummyModelLoader`` and builds on the meta
+    device, where the ring draft has no weights to process after loading either."""
+    return not isinstance(loader, DummyModelLoader)
 
 
 class DSparkProposerMixin:
     """Mixed in before vLLM's proposer class (``SpecDecodeBaseProposer`` supplies
     ``_sample_from_logits``, ``speculative_config``, ``max_batch_size``, ...)."""
 
-    def _init_dspark(self, runner) -> None:
+    def _init_dspark(self, spec: DSparkDraftSpec, runner) -> None:
+        self.spec = spec
         self._runner = runner
-        self.options = DSparkOptions.from_config(self.speculative_config)
+        self.options = spec.options
         self._draft_log = DraftLog(self.options.draft_log) if self.options.draft_log else None
         self._draft_token_lengths: torch.Tensor | None = None
         self._draft_cudagraph_mode: CUDAGraphMode | None = None

@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
-"""A DSpark refusal as the last thing a failed start-up prints.
+"""A refusal of the loaded draft as the last thing a failed start-up prints.
 
-vLLM's multiprocess start-up drops a worker's exception on the way out: the engine core reports
-only that a worker failed, and the frontend (``LLM``, ``vllm serve``) only that the engine core
-did ("See root cause above"), so the one line that names the field and the fix ends far above
-the last line. The worker that refuses records the message in a private file named by the
+Every refusal of a configuration raises in vLLM's front end as its config validates
+(``check_dspark_config``); what only the worker can refuse is the draft it loaded: checkpoint
+tensors against the parameters of the draft it built (``check_loaded_draft``, the V4 draft's
+strict loader), the reduced vocabulary and the confidence head of the loaded model. vLLM's
+multiprocess start-up drops a worker's exception on the way out: the engine core reports only
+that a worker failed, and the frontend (``LLM``, ``vllm serve``) only that the engine core did
+("See root cause above"), so the one line that names the tensor and the fix ends far above the
+last line. The worker that refuses records the message in a private file named by the
 engine's ``instance_id``, which every process of one engine shares; the frontend's start-up
 (``launch_core_engines``, patched) raises it in place of vLLM's error. An in-process engine
 core (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) raises the refusal itself, so nothing is recorded.
@@ -24,6 +28,7 @@ from typing import Any
 
 from vllm import envs
 from vllm.logger import init_logger
+from vllm.v1.spec_decode.dspark.field_errors import REFUSAL
 
 logger = init_logger(__name__)
 
@@ -50,21 +55,17 @@ def record_refusal(instance_id: str, message: str) -> None:
         note.write(message)
 
 
-def refuse(instance_id: str, error: ValueError) -> None:
-    """Log a worker's refusal once more as one short line, and record it for the frontend."""
-    logger.error("DSpark refused the configuration: %s", error)
-    record_refusal(instance_id, str(error))
-
-
 def records_refusal(load_model: Callable[..., Any]) -> Callable[..., Any]:
-    """For a proposer's ``load_model``: a refusal of the loaded draft reaches the last line."""
+    """For a proposer's ``load_model``: a refusal of the loaded draft is logged once more as one
+    short line and recorded for the frontend, to reach the last line."""
 
     @functools.wraps(load_model)
     def load(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return load_model(self, *args, **kwargs)
         except ValueError as error:
-            refuse(self.vllm_config.instance_id, error)
+            logger.error("%s%s", REFUSAL, error)
+            record_refusal(self.vllm_config.instance_id, str(error))
             raise
 
     return load
@@ -94,4 +95,4 @@ def raise_recorded_refusal(instance_id: str) -> None:
     for path in [base, *sorted(glob.glob(glob.escape(base) + "_dp*"))]:
         message = _take(path)
         if message:
-            raise ValueError(f"DSpark refused the configuration: {message}") from None
+            raise ValueError(f"{REFUSAL}{message}") from None

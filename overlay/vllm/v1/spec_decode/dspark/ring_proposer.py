@@ -35,7 +35,6 @@ from vllm.utils.torch_utils import async_tensor_h2d, set_default_torch_dtype
 from vllm.v1.attention.backends.utils import CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.spec_decode.dspark.block import trained_block_size
 from vllm.v1.spec_decode.dspark.cudagraph import DraftGraphs, draft_graph_sizes
 from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
     build_deepseek_v4_draft_model,
@@ -44,12 +43,12 @@ from vllm.v1.spec_decode.dspark.deepseek_v4.draft import (
 from vllm.v1.spec_decode.dspark.deepseek_v4.loader import checkpoint_draft_tensors
 from vllm.v1.spec_decode.dspark.draft_model import DSparkRingDraft
 from vllm.v1.spec_decode.dspark.drafter import BlockDrafter
-from vllm.v1.spec_decode.dspark.family import draft_family
 from vllm.v1.spec_decode.dspark.markov import greedy_sample, plain_markov_weights
-from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin
+from vllm.v1.spec_decode.dspark.proposer_base import DSparkProposerMixin, reads_checkpoint
 from vllm.v1.spec_decode.dspark.refusal import records_refusal
 from vllm.v1.spec_decode.dspark.ring import ContextRing
 from vllm.v1.spec_decode.dspark.slot_table import SlotTable
+from vllm.v1.spec_decode.dspark.spec import draft_spec
 from vllm.v1.spec_decode.eagle import EagleProposer
 
 logger = init_logger(__name__)
@@ -78,17 +77,10 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         device: torch.device,
         runner=None,
     ) -> None:
-        # Before the base class, whose first complaint about a wrong checkpoint
-        # would be a missing mask token.
-        draft_config = vllm_config.speculative_config.draft_model_config
-        if draft_family(draft_config) != "deepseek_v4":
-            raise ValueError(
-                f"DSparkRingProposer serves DeepSeek-V4 DSpark checkpoints only; "
-                f"'{draft_config.model}' is not one. Qwen3 DSpark drafts use the paged proposer."
-            )
+        spec = draft_spec(vllm_config)
+        assert spec.deepseek_v4 is not None, "the ring proposer runs DeepSeek-V4 drafts"
         super().__init__(vllm_config, device, runner)
-        assert self.method == "dspark"
-        self._init_dspark(runner)
+        self._init_dspark(spec, runner)
         self._slot_table = SlotTable(self.max_batch_size)
         # Short names for the table's state (the same dict and heap list).
         self._req_id_to_slot = self._slot_table.req_id_to_slot
@@ -121,7 +113,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
     @records_refusal
     def load_model(self, target_model: nn.Module) -> None:
         model = self._build_draft_model()
-        process_weights_after_loading(model, self.draft_model_config, self.device)
+        if self.device.type != "meta":  # built without memory: no weights to process
+            process_weights_after_loading(model, self.draft_model_config, self.device)
         model.share_target(target_model)
         self._check_confidence_head(model.confidence_head is not None)
         self.model = model
@@ -143,9 +136,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             noise_token_id=self.parallel_drafting_token_id,
             max_position=self.max_model_len - 1,
             max_num_drafts=self.num_speculative_tokens,
-            sample_from_anchor=getattr(
-                self.draft_model_config.hf_config, "sample_from_anchor", True
-            ),
+            sample_from_anchor=self.spec.samples_from_anchor,
             draft_topk=self.options.draft_topk,
             markov_bias_gathered=model.markov_head.apply_bias_gathered,
             draft_probs=draft_probs,
@@ -162,15 +153,9 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         )
 
     def _build_draft_model(self) -> DSparkRingDraft:
-        """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped."""
-        config = self.draft_model_config.hf_config
-        block_size = trained_block_size(config)
-        if block_size and self.num_speculative_tokens < block_size:
-            logger.info(
-                "DSpark draft trained with block size %d drafts k=%d tokens per step.",
-                block_size,
-                self.num_speculative_tokens,
-            )
+        """Build the draft from vLLM's DeepSeek-V4 modules and load it strictly, as shipped
+        (or with the loader's own values when the load format reads no checkpoint,
+        ``reads_checkpoint``)."""
         loader = get_model_loader(get_draft_load_config(self.vllm_config))
         # The runner collects JIT warm-ups only while its target is built; the draft's mHC
         # variants join them here (compiled by the worker's kernel warm-up, before serving).
@@ -182,8 +167,11 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
             torch.device(self.device),
         ):
             model = build_deepseek_v4_draft_model(self.vllm_config)
-        weights = checkpoint_draft_tensors(loader, self.draft_model_config)
-        load_deepseek_v4_draft(model, weights, config)
+        if reads_checkpoint(loader):
+            weights = checkpoint_draft_tensors(loader, self.draft_model_config)
+            load_deepseek_v4_draft(model, weights, self.draft_model_config.hf_config)
+        else:
+            loader.load_weights(model, self.draft_model_config)
         return model
 
     # Runner hooks -------------------------------------------------------------

@@ -13,6 +13,7 @@ from vllm.model_executor.models.qwen3_dspark import DSparkConfidenceHead, DSpark
 from vllm.models.deepseek_v4.nvidia.dspark import DSparkDeepseekV4Model
 
 from ..backbone import DSparkBackbone
+from ..spec import draft_spec
 from .config import DeepSeekV4DSparkConfig
 from .layers import DSparkStage, fp32_parameter
 
@@ -35,7 +36,9 @@ class DeepSeekV4DSparkBackbone(DSparkBackbone):
     def __init__(self, vllm_config: VllmConfig, prefix: str = "dspark") -> None:
         super().__init__()
         hf_config = vllm_config.speculative_config.draft_model_config.hf_config
-        config = self.config = DeepSeekV4DSparkConfig.from_hf_config(hf_config)
+        config = draft_spec(vllm_config).deepseek_v4
+        assert config is not None
+        self.config: DeepSeekV4DSparkConfig = config
         hidden, eps, n = config.hidden_size, config.rms_norm_eps, config.hc_mult
         self.window = config.sliding_window
         self.ring_entry_shape = (config.num_stages, config.head_dim)
