@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # DSpark vLLM image for x86_64 Blackwell servers: B200-class GPUs (compute capability 10.0, sm_100a)
 # and RTX PRO 6000 Blackwell-class GPUs (12.0, sm_120a), CUDA 13. Grace-hosted GB200 systems are
 # aarch64 and not covered by this file. Build and run: docs/docker.md.

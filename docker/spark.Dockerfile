@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # DSpark vLLM image for NVIDIA DGX Spark: linux/arm64, GB10 GPU (compute capability 12.1, sm_121a),
 # CUDA 13. Build and run: docs/docker.md.
 #

@@ -391,8 +391,9 @@ def load_reference_row_to_slot():
 
 
 class ReferenceRecipeSlots:
-    """The reference recipe after its fix (`_row_to_slot`): frees on absence, never clears, and
-    padding reads slot 0 (defects D1-D3)."""
+    """The slot mapping (`_row_to_slot`) of the public two-node DGX Spark recipe for
+    DeepSeek-V4-Flash, after its fix: frees on absence, never clears, and padding reads slot 0
+    (defects D1-D3)."""
 
     def __init__(self, capacity: int) -> None:
         self.mapping = load_reference_row_to_slot()(capacity)

@@ -66,7 +66,8 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models,
 
 
 def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
-    """Control: the same draft with its block one position lower (the reference recipe's phase)
+    """Control: the same draft with its block one position lower (the phase of
+    the public two-node DGX Spark recipe's V1 proposer)
     reads a token one cycle step off, so nothing it drafts is accepted, and output is unchanged."""
     from vllm.v1.spec_decode.dspark import drafter
 

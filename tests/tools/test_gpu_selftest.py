@@ -183,7 +183,7 @@ def dspark_run(**changes) -> dict:
             "draft": {"FULL requests planned": [1, 2, 4], "captured": [1, 2, 4]},
         },
         "greedy_agreement": {"1": True, "2": True, "4": True},
-        "sampled_agreement": None,
+        "sampled_agreement": {"1": True, "2": True, "4": True},
         "draft_steps": [
             {"requests": 1, "variant": "greedy", "steps": 2, "full": 2},
             {"requests": 4, "variant": "greedy", "steps": 9, "full": 9},
@@ -489,8 +489,7 @@ def test_the_images_copy_every_project_module_the_selftest_imports():
 
 def test_the_graphs_adapter_asks_nothing_of_a_drafter_without_captured_graphs(monkeypatch):
     """The graphs module's greedy and sampled checks are called for a drafter with captured
-    graphs only; without a sampled check (a build that replays greedy drafts only) the sampled
-    agreement is None."""
+    graphs only."""
     from types import SimpleNamespace
 
     from tools.gpu_selftest import draft_graphs
@@ -503,15 +502,13 @@ def test_the_graphs_adapter_asks_nothing_of_a_drafter_without_captured_graphs(mo
     calls = []
     monkeypatch.setattr(
         cudagraph,
-        draft_graphs.SAMPLED_CHECK,
+        "sampled_graph_and_eager_drafts_agree",
         lambda drafter, seed: calls.append(seed) or {1: True, 2: True},
     )
     monkeypatch.setattr(cudagraph, "graph_and_eager_drafts_agree", lambda drafter: {1: True})
     assert draft_graphs.sampled_agreement(captured, seed=3) == {1: True, 2: True} and calls == [3]
     assert draft_graphs.greedy_agreement(captured) == {1: True}
     assert draft_graphs.sampled_agreement(eager_only, seed=3) == {}
-    monkeypatch.delattr(cudagraph, draft_graphs.SAMPLED_CHECK)
-    assert draft_graphs.sampled_agreement(captured, seed=3) is None
 
 
 def test_a_python_without_torch_gets_one_line():

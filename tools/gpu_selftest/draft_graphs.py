@@ -5,8 +5,6 @@ that ship beside it): where those live or what they are called changes here and 
 
 from __future__ import annotations
 
-SAMPLED_CHECK = "sampled_graph_and_eager_drafts_agree"
-
 
 def _graphs_module():
     from vllm.v1.spec_decode.dspark import cudagraph
@@ -28,14 +26,12 @@ def greedy_agreement(drafter) -> dict[int, bool]:
     return _graphs_module().graph_and_eager_drafts_agree(drafter)
 
 
-def sampled_agreement(drafter, seed: int) -> dict[int, bool] | None:
+def sampled_agreement(drafter, seed: int) -> dict[int, bool]:
     """Per captured request count: whether drafts drawn through the graph equal eager drafts
-    drawn with the same random numbers (seeded with `seed`); None where the graphs replay greedy
-    drafts only (the graphs module has no `SAMPLED_CHECK`), empty when nothing was captured."""
-    check = getattr(_graphs_module(), SAMPLED_CHECK, None)
-    if check is None:
-        return None
-    return check(drafter, seed) if _captured(drafter) else {}
+    drawn with the same random numbers (seeded with `seed`); empty when nothing was captured."""
+    if not _captured(drafter):
+        return {}
+    return _graphs_module().sampled_graph_and_eager_drafts_agree(drafter, seed)
 
 
 def capture_plan(runner) -> dict:

@@ -194,8 +194,6 @@ def graph_summary(run: dict) -> str:
         text += "; every draft step replayed a FULL graph: " + ", ".join(
             f"{variant} at {sizes} requests" for variant, sizes in full.items() if sizes
         )
-    if "sampled_agreement" in run and run["sampled_agreement"] is None:
-        text += "; sampled drafts are not replayed from graphs in this build"
     return text
 
 

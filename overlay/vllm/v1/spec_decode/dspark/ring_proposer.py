@@ -90,9 +90,6 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         assert self.method == "dspark"
         self._init_dspark(runner)
         self._slot_table = SlotTable(self.max_batch_size)
-        # Short names for the table's state (the same dict and heap list).
-        self._req_id_to_slot = self._slot_table.req_id_to_slot
-        self._free_slots = self._slot_table.free_slots
         for name in _UNUSED_BASE_BUFFERS:
             buffer = getattr(self, name, None)
             if buffer is not None:
@@ -291,7 +288,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         assert self._drafter is not None, "load_model() must run before propose()"
         req_ids = self._runner.input_batch.req_ids
         live_requests = self._runner.requests
-        if len(self._req_id_to_slot) > len(live_requests):
+        if len(self._slot_table.req_id_to_slot) > len(live_requests):
             # Safety net for finishes the release hook did not see.
             self._slot_table.reconcile(live_requests.keys())
         num_requests = len(req_ids)
