@@ -48,6 +48,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from dspark_common.operator_input import escaped
 
@@ -425,13 +426,13 @@ def vllm_classes(rank: int, free_cases: FreeMemoryCases | None) -> dict[str, typ
         for module in list(sys.modules.values()):
             # The module's own names only: a lazy module's getattr would import on the spot.
             if vars(module).get("in_the_same_node_as") is probe:
-                module.in_the_same_node_as = same_node_as
+                vars(module)["in_the_same_node_as"] = same_node_as
 
     def no_broadcaster(cls, *args, **kwargs) -> None:
         """The tensor-parallel group's shared-memory queue waits for the other ranks."""
         return None
 
-    MessageQueue.create_from_process_group = classmethod(no_broadcaster)
+    MessageQueue.create_from_process_group = classmethod(no_broadcaster)  # type: ignore[method-assign,assignment]
     new_group = dist.new_group
 
     def fake_group(*args, **kwargs):
@@ -493,12 +494,15 @@ def skip_draft_weights() -> None:
     read them themselves (the DeepSeek-V4 ring draft, past the loader): no tensor is read."""
     try:
         from vllm.v1.spec_decode.dspark import paged_proposer, ring_proposer
+        from vllm.v1.spec_decode.dspark.deepseek_v4.loader import CheckpointDraftTensors
     except ImportError:  # DSpark is not installed: vLLM refuses `dspark` itself
         return
     paged_proposer.check_loaded_draft = lambda model, shipped: None
-    ring_proposer.checkpoint_draft_tensors = lambda loader, model_config: {}
+    ring_proposer.checkpoint_draft_tensors = lambda model_loader, model_config: (
+        CheckpointDraftTensors([])
+    )
     ring_proposer.load_deepseek_v4_draft = lambda model, weights, hf_config: None
-    ring_proposer.process_weights_after_loading = lambda model, model_config, device: None
+    ring_proposer.process_weights_after_loading = lambda model, model_config, target_device: None
 
 
 def install_platform(base: type | None = None) -> None:
@@ -510,7 +514,7 @@ def install_platform(base: type | None = None) -> None:
 
     base = base or type(vllm.platforms.current_platform)
 
-    class DryStartPlatform(base):
+    class DryStartPlatform(base):  # type: ignore[valid-type,misc]  # a base chosen at run time
         @classmethod
         @override
         def get_current_memory_usage(cls, device=None) -> float:
@@ -547,7 +551,7 @@ def run(
     warning_log = WarningLog()
     # vLLM inspects model classes in a subprocess so as not to initialise CUDA here; a dry start
     # never does, and a subprocess would not see this platform.
-    registry._run_in_subprocess = lambda inspect: inspect()
+    registry._run_in_subprocess = lambda fn: fn()
     report.decide("args", "vllm serve", shlex.join(serve_args))
     try:
         with step("arguments"):
@@ -648,6 +652,7 @@ def check_kernel_code(report: Report, config, core, kernel_code) -> None:
         return
     runner = core.model_executor.driver_worker.worker.model_runner
     capability = current_platform.get_device_capability()
+    assert capability is not None, "install_platform answers the device's capability"
     device = (capability.major, capability.minor)
     with step("kernels"):
         uses = list(kernels.launched(config, runner))
@@ -699,7 +704,7 @@ CHOICE_ATTRIBUTES = ("mxfp4_backend", "nvfp4_backend", "fp8_backend", "experts_c
 
 def _name(obj) -> str:
     cls = obj if isinstance(obj, type) else type(obj)
-    return getattr(obj, "name", None) if isinstance(obj, enum.Enum) else cls.__name__
+    return obj.name if isinstance(obj, enum.Enum) else cls.__name__
 
 
 def _gib(nbytes: int) -> str:
@@ -723,7 +728,7 @@ def _module_storages(module) -> dict[int, int]:
     return _storages([*module.parameters(), *module.buffers()])
 
 
-def device_tensors(obj, path: str, depth: int = 3) -> Iterator[tuple[str, object]]:
+def device_tensors(obj, path: str, depth: int = 3) -> Iterator[tuple[str, Any]]:
     """The tensors a DSpark object holds (not a module's weights), by attribute path."""
     import torch
 
@@ -748,8 +753,8 @@ def describe_engine(report: Report, config, core) -> None:
     runner = worker.model_runner
     target = _unwrap(runner.get_model())
     report.decide("model", "target", _name(target))
-    layers = get_layers_from_vllm_config(config, AttentionLayerBase)
-    attention = Counter()
+    layers = get_layers_from_vllm_config(config, AttentionLayerBase)  # type: ignore[type-abstract]
+    attention: Counter[tuple[str, str, str]] = Counter()
     for layer in layers.values():
         spec = layer.get_kv_cache_spec(config)
         layout = (
@@ -759,9 +764,9 @@ def describe_engine(report: Report, config, core) -> None:
             else "no KV cache"
         )
         attention[(_name(layer), layer.get_attn_backend().get_name(), layout)] += 1
-    for (layer, backend, layout), count in attention.items():
-        report.decide("model", f"attention {layer} x{count}", f"{backend}: {layout}")
-    methods = Counter()
+    for (layer_name, backend, layout), count in attention.items():
+        report.decide("model", f"attention {layer_name} x{count}", f"{backend}: {layout}")
+    methods: Counter[tuple[str, str, str]] = Counter()
     for module in target.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
@@ -771,9 +776,11 @@ def describe_engine(report: Report, config, core) -> None:
                 if getattr(method, name, None) is not None
             ]
             methods[(_name(module), _name(method), ", ".join(choices))] += 1
-    for (module, method, choices), count in methods.items():
+    for (module_name, method_name, chosen), count in methods.items():
         report.decide(
-            "model", f"{module} x{count}", f"{method}" + (f" ({choices})" if choices else "")
+            "model",
+            f"{module_name} x{count}",
+            method_name + (f" ({chosen})" if chosen else ""),
         )
     describe_draft(report, runner, target)
     describe_memory(report, config, worker, runner)

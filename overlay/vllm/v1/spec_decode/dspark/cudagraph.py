@@ -26,6 +26,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from typing_extensions import override
@@ -60,6 +61,7 @@ def draft_graph_sizes(
     ``speculative_config.enforce_eager``, with a target that captures nothing (mode NONE), or
     off CUDA."""
     speculative_config = vllm_config.speculative_config
+    assert speculative_config is not None
     if speculative_config.enforce_eager or not on_cuda or cudagraph_mode == CUDAGraphMode.NONE:
         return []
     query_len = vllm_config.uniform_decode_query_len
@@ -215,7 +217,9 @@ class RequestGraphs(ABC):
         sampled = sampling_metadata is not None
         with self._context(size, CUDAGraphMode.FULL):
             # The next replay overwrites the graph's outputs; the runner may still read these.
-            outputs = [t[:num_requests].clone() for t in self._graphs[sampled](size)]
+            replayed = self._graphs[sampled](size)
+            assert replayed is not None
+            outputs = [t[:num_requests].clone() for t in replayed]
         probs = None
         if sampled:
             assert self._draft_probs is not None
@@ -491,11 +495,15 @@ def capture_plan(vllm_config: VllmConfig, on_cuda: bool = True) -> CapturePlan:
     mode = vllm_config.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
     target = _capture_passes(vllm_config, mode)
     speculative_config = vllm_config.speculative_config
+    assert speculative_config is not None
     forward: list[int] = []
     if draft_family(speculative_config.draft_model_config) != "deepseek_v4" and on_cuda:
         # Upstream's drafter dispatcher; the runner captures its keys in PIECEWISE passes only.
         drafter = _DrafterKeys(vllm_config)
-        SpecDecodeBaseProposer.initialize_cudagraph_keys(drafter, mode)
+        # Upstream's method on what it reads of a proposer (_DrafterKeys), without a model.
+        SpecDecodeBaseProposer.initialize_cudagraph_keys(
+            cast(SpecDecodeBaseProposer, drafter), mode
+        )
         runner_passes = {pass_mode for pass_mode, _ in target}
         forward = [
             size

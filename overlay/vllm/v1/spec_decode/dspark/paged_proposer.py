@@ -18,6 +18,7 @@ per padded request count (``cudagraph.ChainGraphs``).
 
 import copy
 import gc
+from typing import cast
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ from vllm.compilation.backends import set_model_tag
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader import get_model_loader
+from vllm.model_executor.model_loader import DefaultModelLoader, get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
 from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.platforms import current_platform
@@ -106,7 +107,10 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         ``embed_tokens`` / ``lm_head`` are marked its own, as Qwen3's ``load_weights``
         marks them, so that the target's are shared only when identical."""
         draft_vllm_config = self._create_draft_vllm_config()
-        loader = get_model_loader(get_draft_load_config(draft_vllm_config))
+        # The safetensors loader: a DSpark draft is read from the checkpoint's files.
+        loader = cast(
+            DefaultModelLoader, get_model_loader(get_draft_load_config(draft_vllm_config))
+        )
         read_all_weights, shipped = loader.get_all_weights, []
 
         def named_weights(*args):
@@ -114,7 +118,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
                 shipped.append(name)
                 yield name, tensor
 
-        loader.get_all_weights = named_weights
+        loader.get_all_weights = named_weights  # type: ignore[method-assign]  # this load only
         with set_model_tag("eagle_head"):
             model = loader.load_model(
                 vllm_config=draft_vllm_config,

@@ -80,6 +80,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
     ) -> None:
         # Before the base class, whose first complaint about a wrong checkpoint
         # would be a missing mask token.
+        assert vllm_config.speculative_config is not None
         draft_config = vllm_config.speculative_config.draft_model_config
         if draft_family(draft_config) != "deepseek_v4":
             raise ValueError(
@@ -279,8 +280,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         target_hidden_states: torch.Tensor,
         next_token_ids: torch.Tensor,
         token_indices_to_sample: torch.Tensor | None,
-        sampling_metadata: SamplingMetadata,
         common_attn_metadata: CommonAttentionMetadata,
+        sampling_metadata: SamplingMetadata,
         mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None = None,
         num_rejected_tokens_gpu: torch.Tensor | None = None,
         slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None = None,
