@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
-"""Records every vLLM engine started while a unit-tier test runs, in this process or a child.
+"""Records every vLLM engine and vLLM subprocess a unit-tier test starts.
 
 The engine constructors (`LLM`, `AsyncLLM`, `EngineCore`, which every engine process runs) are
 wrapped when their modules load: while `RECORD_ENV` names a file, a constructor appends a line
-to it and raises. Child processes get the same wrapping through the `sitecustomize` beside this
-file, put on their `PYTHONPATH` by `guard_child_env`. tests/conftest.py fails the test when the
-file is not empty, so an engine started and its error swallowed still fails.
+to it and raises. A child process gets the guard through the `sitecustomize` beside this file,
+put on its `PYTHONPATH` by `guard_child_env`, and there importing `vllm` at all is recorded: a
+vLLM subprocess (its CLI, a config built in a probe) is the `multiproc` tier's. tests/conftest.py
+fails the test when the file is not empty, so an error the test swallows still fails it.
 """
 
 import functools
@@ -30,21 +31,29 @@ def _guard(cls: type) -> None:
 
     @functools.wraps(init)
     def guarded_init(self, *args, **kwargs):
-        record = os.environ.get(RECORD_ENV)
-        if record:
-            line = f"{cls.__name__} started (process {os.getpid()}: {' '.join(sys.argv)[:200]})"
-            with open(record, "a", encoding="utf-8") as file:
-                file.write(line + "\n")
-            raise RuntimeError(f"a unit-tier test may not start a vLLM engine: {line}")
+        if os.environ.get(RECORD_ENV):
+            _record(f"{cls.__name__} started")
+            raise RuntimeError(f"a unit-tier test may not start a vLLM engine ({cls.__name__})")
         init(self, *args, **kwargs)
 
     cls.__init__ = guarded_init  # type: ignore[misc]
 
 
+def _record(line: str) -> None:
+    with open(os.environ[RECORD_ENV], "a", encoding="utf-8") as file:
+        file.write(f"{line} (process {os.getpid()}: {' '.join(sys.argv)[:200]})\n")
+
+
 class _EngineModules(MetaPathFinder):
-    """Wraps the engine class of each module in `ENGINES` right after the module runs."""
+    """Wraps the engine class of each module in `ENGINES` right after the module runs; in a
+    child process, records the import of `vllm`."""
+
+    def __init__(self, child: bool) -> None:
+        self.child = child
 
     def find_spec(self, name, path, target=None) -> ModuleSpec | None:
+        if self.child and name == "vllm" and os.environ.get(RECORD_ENV):
+            _record("vllm imported in a subprocess")
         if name not in ENGINES:
             return None
         for finder in sys.meta_path:
@@ -68,14 +77,15 @@ def _is_guard(finder: object) -> bool:
     return type(finder).__name__ == _EngineModules.__name__
 
 
-def install() -> None:
-    """Wrap the engine classes already imported, and the others when they load."""
+def install(child: bool = False) -> None:
+    """Wrap the engine classes already imported, and the others when they load; ``child``: in
+    a process a unit-tier test started."""
     if any(map(_is_guard, sys.meta_path)):
         return
     for name, cls in ENGINES.items():
         if name in sys.modules:
             _guard(getattr(sys.modules[name], cls))
-    sys.meta_path.insert(0, _EngineModules())
+    sys.meta_path.insert(0, _EngineModules(child))
 
 
 def guard_child_env(env: dict[str, str], record: str) -> dict[str, str]:

@@ -7,4 +7,4 @@ import os
 if os.environ.get("DSPARK_UNIT_TIER_RECORD"):
     import engine_guard
 
-    engine_guard.install()
+    engine_guard.install(child=True)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The unit tier's guard fails a unit test that starts a vLLM engine, here or in a child process,
-even when the test swallows the error; an engine-tier test may start one."""
+or imports vLLM in a child, even when the test swallows the error; an engine-tier test may."""
 
 import subprocess
 import sys
@@ -48,6 +48,11 @@ def test_starts_an_engine_in_a_child():
     subprocess.run([sys.executable, "-c", code], env={{"PYTHONPATH": FAKE}}, check=False)
 
 
+def test_imports_vllm_in_a_child():
+    code = "import vllm"
+    subprocess.run([sys.executable, "-c", code], env={{"PYTHONPATH": FAKE}}, check=True)
+
+
 def test_starts_nothing():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 
@@ -77,7 +82,9 @@ def test_a_unit_test_that_starts_an_engine_fails(tmp_path):
         check=False,
     )
     out = result.stdout
-    assert "2 failed, 2 passed" in out, out + result.stderr
+    assert "3 failed, 2 passed" in out, out + result.stderr
     assert "FAILED test_planted.py::test_starts_an_engine_in_process" in out
     assert "FAILED test_planted.py::test_starts_an_engine_in_a_child" in out
+    assert "FAILED test_planted.py::test_imports_vllm_in_a_child" in out
     assert "LLM started" in out and "EngineCore started" in out
+    assert "vllm imported in a subprocess" in out
