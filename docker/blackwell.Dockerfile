@@ -93,7 +93,7 @@ RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
 COPY docker/entrypoint.sh docker/healthcheck.py docker/
 # The GPU self-test (python3 -m tools.gpu_selftest, run by dspark-launch preflight) and the tiny
 # checkpoint builders and engine harness its engine checks use.
-COPY dspark_demo/ dspark_demo/
+COPY dspark_fixtures/ dspark_fixtures/
 
 # Torch extensions and FlashInfer JIT-compile for B200 (sm_100a), B300 (sm_103a) and RTX PRO 6000
 # (sm_120a): "a" code runs only on exactly its architecture, so each needs its own entry. CuTe

@@ -2,7 +2,7 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every repository file and Python module that README.md, CONTRIBUTING.md and docs/*.md name
 exists: a path in backticks or a link target, a module as ``package.module`` (an attribute after
-it, like ``dspark_demo.engine.TinyEngine``, must be defined there).
+it, like ``dspark_fixtures.engine.TinyEngine``, must be defined there).
 
 Names are read from code spans and links only. A path counts as the repository's when its first
 part is a tracked top-level entry (``tools/...``, ``docs/...``, ``Makefile``); a ``vllm/...`` path
@@ -185,7 +185,7 @@ def test_a_misnamed_file_module_or_link_is_found(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text(
         "`tools/dry_start/engine.py`, `tools/no_such_tool.py`, `tools.dry_start`, "
-        "`tools.dry_startt`, `dspark_demo.engine.TinyEngine`, `dspark_demo.engine.NoSuch`, "
+        "`tools.dry_startt`, `dspark_fixtures.engine.TinyEngine`, `dspark_fixtures.engine.NoSuch`, "
         "`vllm.v1.spec_decode.dspark.checks`, `vllm/v1/spec_decode/no_such.py`, "
         "`overlay/.../dspark/checks.py`, `overlay/.../dspark/no_such.py`, `dspark/block.py`, "
         "`dspark/no_such.py`, `tools.dry_start.engine.refusal(x)`, "
@@ -196,7 +196,7 @@ def test_a_misnamed_file_module_or_link_is_found(tmp_path):
     assert problems(doc) == [
         "`tools/no_such_tool.py`: no such file",
         "`tools.dry_startt`: tools defines no dry_startt",
-        "`dspark_demo.engine.NoSuch`: dspark_demo.engine defines no NoSuch",
+        "`dspark_fixtures.engine.NoSuch`: dspark_fixtures.engine defines no NoSuch",
         "`vllm/v1/spec_decode/no_such.py`: not in the overlay or the installed vLLM",
         "`overlay/.../dspark/no_such.py`: no such file",
         "`dspark/no_such.py`: no repository or vLLM file ends so",

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_fixtures.host_syncs import HostSyncRecorder
 from tests.helpers import RowIndexedSlots
 from vllm.v1.spec_decode.dspark import ring as ring_module
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask

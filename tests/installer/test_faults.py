@@ -9,7 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from installer_testlib import (
+
+from installer.errors import ExitCode
+from installer.faults import KILL_AT_ENV, KILLED_EXIT
+from installer.state import JOURNAL, RECORD
+from tests.installer.installer_testlib import (
     EAGLE,
     OVERLAY_B,
     SPECULATIVE,
@@ -18,10 +22,6 @@ from installer_testlib import (
     sources,
     unwritable,
 )
-
-from installer.errors import ExitCode
-from installer.faults import KILL_AT_ENV, KILLED_EXIT
-from installer.state import JOURNAL, RECORD
 
 # The machinery is version-independent; test_install_cycle covers both versions.
 pytestmark = pytest.mark.parametrize("version", ["0.32.0"])

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
 from installer.errors import ExitCode
 from tests.helpers import probe_report, start_probe
+from tests.installer.installer_testlib import REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
 PROBE = Path(__file__).with_name("v2_lane_probe.py")
 # Fields the installed SpeculativeConfig adds (the V1 proposer's options); V2 refuses them.
