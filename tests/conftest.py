@@ -3,12 +3,12 @@
 """The test tiers, marked by folder (pyproject.toml registers them; CONTRIBUTING.md lists them).
 
 - ``unit``: pure logic and vLLM's config objects, the installer, the launcher with fakes; no
-  engine, no vLLM subprocess.
+  engine, no vLLM subprocess (both enforced below), within a time budget.
   The fast tier: ``pytest -m unit``.
 - ``engine``: a real in-process vLLM CPU engine (``tests/engine``, ``tests/engine_v4``, and tests
   elsewhere marked so).
 - ``multiproc``: vLLM in other processes (tensor parallel 2, ``vllm serve``, its CLI or config
-  checks run in a subprocess), marked per test.
+  checks run in a subprocess), or the installer killed at every step; marked per test.
 - ``docker``: the Dockerfiles, the image's scripts and the images themselves (``tests/docker``).
 
 A test gets its folder's tier unless it is marked ``engine``, ``multiproc`` or ``docker`` itself;
@@ -80,8 +80,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if started and report.outcome != "failed":
         report.outcome = "failed"
         report.longrepr = (
-            f"{item.nodeid}: a unit-tier test started a vLLM engine; mark it `engine` or "
-            f"`multiproc` (CONTRIBUTING.md, Tests):\n{started}"
+            f"{item.nodeid}: a unit-tier test started a vLLM engine or a vLLM subprocess; mark "
+            f"it `engine` or `multiproc` (CONTRIBUTING.md, Tests):\n{started}"
         )
     if started:
         Path(record).write_text("")

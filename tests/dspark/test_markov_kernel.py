@@ -36,6 +36,7 @@ def markov_head(seed: int) -> tuple[DSparkMarkovHead, LogitsProcessor]:
     return head, logits
 
 
+@pytest.mark.multiproc  # reruns itself in a subprocess under Triton's interpreter
 def test_fused_greedy_chain_drafts_what_the_torch_chain_does():
     result = subprocess.run(
         [sys.executable, __file__],

@@ -170,6 +170,7 @@ def test_full_disk_while_saving_originals(project: GeneratedProject, tree: Path)
     assert sources(tree) == before
 
 
+@pytest.mark.multiproc  # the installer interrupted in a subprocess at each step
 def test_ctrl_c_at_every_step(project: GeneratedProject, tree: Path):
     before = sources(tree, TOUCHED)
     step = 1

@@ -40,6 +40,10 @@ def start_v2_probe(tree: Path, root: Path, target: Path, draft: Path) -> subproc
     return start_probe(command, env, root)
 
 
+# Each probe builds vLLM's V2 config, scheduler and speculator in a subprocess.
+pytestmark = pytest.mark.multiproc
+
+
 @pytest.fixture(
     scope="module",
     params=[("0.32.0", "pristine_032"), ("0.33.0", "pristine_033")],
