@@ -19,8 +19,6 @@ from vllm.model_executor.models.qwen3_dspark import DSparkMarkovHead
 from vllm.v1.spec_decode.dspark import markov
 from vllm.v1.spec_decode.dspark.markov import markov_chain, plain_markov_weights
 
-pytestmark = pytest.mark.unit
-
 VOCAB, RANK, N, BATCH = 700, 32, 4, 3
 
 

@@ -34,6 +34,10 @@ PROBE = Path(__file__).with_name("lanes_vllm_probe.py")
 CAPABILITIES = ("12.1", "12.0", "10.0", "10.3")
 
 
+# vLLM builds the config in a subprocess (lanes_vllm_probe.py).
+pytestmark = pytest.mark.multiproc
+
+
 @pytest.fixture(scope="module")
 def spark_v2(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not (TREE_033 / "vllm" / "__init__.py").is_file():
@@ -62,7 +66,6 @@ def spark_v2(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"profile": profile, **probe_report(start_probe(command, env, root))}
 
 
-@pytest.mark.multiproc  # vLLM builds the config in a subprocess (lanes_vllm_probe.py)
 def test_vllm_builds_a_v2_config_from_the_v2_lanes_arguments(spark_v2):
     assert spark_v2["vllm"] == "0.33.0"
     assert "config_error" not in spark_v2, spark_v2["config_error"]
