@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import TinyEngine, dspark_config
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import TinyEngine, dspark_config
 
 SCHEDULERS = {
     "off": {},

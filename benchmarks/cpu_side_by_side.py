@@ -43,14 +43,14 @@ from pathlib import Path
 
 import torch
 
-from dspark_demo.checkpoints.gemma4 import (
+from dspark_fixtures.checkpoints.gemma4 import (
     Gemma4DraftSpec,
     build_gemma4_target,
     oracle_gemma4_draft_weights,
     save_gemma4_dflash_draft,
     save_gemma4_draft,
 )
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     VOCAB_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,
@@ -59,8 +59,8 @@ from dspark_demo.checkpoints.qwen3 import (
     save_dflash_draft,
     save_dspark_draft,
 )
-from dspark_demo.engine import EngineUnavailable, TinyEngine
-from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_fixtures.engine import EngineUnavailable, TinyEngine
+from dspark_fixtures.host_syncs import HostSyncRecorder
 
 METHODS = ("nospec", "dflash", "dspark")
 DRAFT_KINDS = ("oracle", "random", "trained", "gemma4-oracle")
@@ -188,7 +188,7 @@ def timed_window(
 
 def host_syncs_per_step(engine: TinyEngine, prompts: list[list[int]]) -> list[str]:
     """The ops that would make the host wait for the GPU in the drafter's step,
-    over the draft steps of one warm generate call (dspark_demo/host_syncs.py)."""
+    over the draft steps of one warm generate call (dspark_fixtures/host_syncs.py)."""
     drafter = engine.model_runner.drafter
     propose = drafter.propose
     per_step: list[list[str]] = []

@@ -2,9 +2,9 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Peak host memory of loading the DeepSeek-V4 DSpark draft, against its ``mtp.*`` bytes.
 
-Writes the tiny V4 checkpoint (``dspark_demo/checkpoints/deepseek_v4.py``) scaled up by its hidden
-and expert sizes into one safetensors file holding the target's tensors and the ``mtp.*`` draft,
-then loads the draft in a fresh process per way, side by side:
+Writes the tiny V4 checkpoint (``dspark_fixtures/checkpoints/deepseek_v4.py``) scaled up by its
+hidden and expert sizes into one safetensors file holding the target's tensors and the ``mtp.*``
+draft, then loads the draft in a fresh process per way, side by side:
 
 - ``streamed``: the proposer's path, ``checkpoint_draft_tensors`` (one tensor read at a time);
 - ``dict``: the earlier path, every ``mtp.*`` tensor taken from vLLM's safetensors iterator
@@ -49,7 +49,7 @@ def _rchar() -> int:
 
 def write_checkpoint(model_dir: Path, hidden_size: int, moe_intermediate_size: int) -> int:
     """The scaled tiny V4 checkpoint (bf16); returns its ``mtp.*`` bytes."""
-    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
+    from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
 
     config = {
         **tiny_v4.TINY_V4_CONFIG,
@@ -63,7 +63,7 @@ def write_checkpoint(model_dir: Path, hidden_size: int, moe_intermediate_size: i
 
 def measure(way: str, model_dir: Path) -> dict:
     """Load the draft one way in this process; the growth of its peak RSS and of its reads."""
-    from dspark_demo.v4_draft import build_draft, v4_vllm_config
+    from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
     from vllm.model_executor.model_loader.utils import get_draft_load_config
     from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator

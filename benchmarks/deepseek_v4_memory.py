@@ -37,7 +37,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 import torch
 
-from dspark_demo.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
+from dspark_fixtures.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
 
 GIB = 2**30
 
@@ -104,7 +104,7 @@ def loaded_draft_bytes(config: dict) -> int:
     """Parameter bytes of the draft as the proposer builds it, on the meta device."""
     import vllm.model_executor.kernels.linear as linear_kernels
     import vllm.model_executor.layers.quantization.mxfp4 as mxfp4
-    from dspark_demo.v4_draft import build_draft, v4_vllm_config
+    from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
     from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
     from vllm.platforms import current_platform
 

@@ -28,8 +28,8 @@ Greedy and sampled chains take the fused Markov kernels as on CUDA (``markov_ker
 their Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts
 and distributions come from the same sums in torch). DSpark's proposers plan, capture and
 replay their FULL graphs as on CUDA, each graph replaced by its own function
-(``tests/cuda_graphs.py``): what a replay runs counts as graph, the copies into the graphs'
-fixed inputs and out of their outputs as eager.
+(``dspark_fixtures/cuda_graphs.py``): what a replay runs counts as graph, the copies into the
+graphs' fixed inputs and out of their outputs as eager.
 The paged draft model's forward (DFlash and DSpark) counts as graph, as upstream's piecewise
 graphs replay it, except
 vLLM's splitting ops (attention, ``CompilationConfig._attention_ops``). Graphs are captured for
@@ -42,7 +42,7 @@ launches (measured), FLOPs and bytes (modelled at real size) and the modelled st
 device; ``--json`` writes them as ``{family: {k: {sample: {...}}}}``.
 
 The ring family's tiny target needs torch stand-ins for the DeepSeek-V4 kernels this host's
-vLLM lacks (``tests/engine_v4/standins.py``); each stand-in registers as the op it replaces, so
+vLLM lacks (``dspark_fixtures/standins.py``); each stand-in registers as the op it replaces, so
 the dispatch mode counts it as that one op.
 """
 
@@ -71,14 +71,14 @@ from benchmarks.draft_step_model import (
     modelled_us,
     step_cost,
 )
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     DSparkDraftSpec,
     build_qwen3_target,
     random_dspark_weights,
     save_dflash_draft,
     save_dspark_draft,
 )
-from dspark_demo.engine import TinyEngine
+from dspark_fixtures.engine import TinyEngine
 
 GRAPH, EAGER = "graph", "eager"
 MEASURED_STEP = 3
@@ -360,7 +360,7 @@ def weight_storages(*modules: torch.nn.Module) -> set[int]:
 def graphed(counter: StepCounter, drafter) -> Iterator[None]:
     """Mark what runs in CUDA graphs on CUDA: the replays of the draft's FULL graphs (run by
     ``PassThroughGraph``) and the paged draft forward (upstream's piecewise graphs)."""
-    from tests.cuda_graphs import PassThroughGraph
+    from dspark_fixtures.cuda_graphs import PassThroughGraph
 
     replay = PassThroughGraph.__call__
 
@@ -387,8 +387,8 @@ def graphed(counter: StepCounter, drafter) -> Iterator[None]:
 @contextlib.contextmanager
 def graphs_captured(batches: list[int]) -> Iterator[None]:
     """While an engine starts and runs: DSpark plans its FULL graphs for ``batches`` requests
-    as on CUDA (``tests/cuda_graphs.py``), captured by ``capture``."""
-    from tests.cuda_graphs import graphs_on_cpu
+    as on CUDA (``dspark_fixtures/cuda_graphs.py``), captured by ``capture``."""
+    from dspark_fixtures.cuda_graphs import graphs_on_cpu
     from vllm.v1.spec_decode.dspark import paged_proposer, ring_proposer
 
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -497,8 +497,8 @@ def ring_engines(
 ) -> Iterator[tuple[str, dict, Path]]:
     """DSpark ring on the tiny DeepSeek-V4 target, its draft trained for the shipped block,
     confidence scheduling off and on."""
-    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-    from tests.engine_v4 import standins
+    from dspark_fixtures import standins
+    from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
 
     standins.install_standins()
     target = root / "v4"

@@ -6,7 +6,7 @@
         [--batch 1] [--by-op]
 
 The V1 lane's DSpark proposer and the V2 lane's upstream ``DSparkSpeculator`` (Model Runner V2,
-hosted on the CPU by ``dspark_demo/cpu_mrv2.py`` in the V2 lane tests' runner subprocess,
+hosted on the CPU by ``dspark_fixtures/cpu_mrv2.py`` in the V2 lane tests' runner subprocess,
 ``tests/engine/v2_lane_runner.py``: the host must be installed before vLLM and Triton are
 imported) run the same random tiny pair of each family (the engine suite's ``random-target`` /
 ``random-draft``), the same k and batch, greedy drafts (probabilistic ones stop in the
@@ -52,7 +52,7 @@ from benchmarks.draft_step_cost import (
     weight_storages,
     within,
 )
-from dspark_demo.engine import TinyEngine, dspark_config
+from dspark_fixtures.engine import TinyEngine, dspark_config
 
 V1, V2 = "v1", "v2"
 V2_GRAPHED = ("_generate_draft", "prepare_context_anchor", "_precompute_context_kv")
@@ -133,7 +133,7 @@ def cost_json(cost: Cost) -> dict[str, Any]:
 
 def pair(family: str, root: Path) -> tuple[Path, Path]:
     """The engine suite's random tiny pair of ``family``: (target, draft)."""
-    from tests.engine.conftest import FAMILIES
+    from dspark_fixtures.checkpoints.families import FAMILIES
 
     builder = FAMILIES[family]
     target = builder.build_target(root / f"{family}-target")

@@ -22,7 +22,7 @@ over rounds [interquartile range] {min-max}.
 
 It also counts, inside the steps of one extra call, the aten ops that wait for
 the device on a GPU (``.item()``, ``nonzero``, boolean-mask indexing, ...; see
-``dspark_demo/host_syncs.py``). On this CPU those include ops on vLLM's
+``dspark_fixtures/host_syncs.py``). On this CPU those include ops on vLLM's
 host-side copies, so a count is an upper bound; zero means the step has none.
 """
 
@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from benchmarks.cpu_side_by_side import build_models, fixed_prompts, spread
-from dspark_demo.engine import TinyEngine
-from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_fixtures.engine import TinyEngine
+from dspark_fixtures.host_syncs import HostSyncRecorder
 
 METHODS = ("dflash", "dspark")
 # The draft network both proposers run; DSpark's draft logits are DFlash's

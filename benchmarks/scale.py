@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import TinyEngine, dspark_config
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import TinyEngine, dspark_config
 
 SHAPES = {"large": (131072, 256), "small": (2048, 8)}  # max_model_len, max_num_seqs
 CONCURRENCY = 8

@@ -1,11 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
-"""Per-step bookkeeping cost of SlotTable vs the reference recipe's `_row_to_slot`.
+"""Per-step bookkeeping cost of SlotTable vs `_row_to_slot` of the V1 DSpark proposer
+in the public two-node DGX Spark recipe for DeepSeek-V4-Flash.
 
 Both mappings see the same pre-generated workload: a full batch of `B` requests (max_num_seqs = B)
 where each request finishes with probability 1/16 per step and is replaced by a new one, rows
 condensed the way vLLM's `InputBatch.condense()` fills holes. SlotTable is charged for its
-`release` calls too; the reference recipe frees slots by absence inside `_row_to_slot`. Only host
+`release` calls too; `_row_to_slot` frees slots by absence inside `_row_to_slot`. Only host
 bookkeeping is timed (both hand the same list of ints to the device afterwards).
 
     python benchmarks/slot_table_bench.py
@@ -23,7 +24,7 @@ BATCH_SIZES = (1, 8, 64, 256, 1024)
 
 
 class ReferenceRowToSlot:
-    """The reference recipe's mapping (dspark-algorithm.md §7.2), kept faithful, defects included:
+    """That recipe's mapping, kept faithful, defects included:
     free every mapped id absent from the batch, sort the free list, reuse a slot or take the lowest
     free one, and report whether the result is the identity permutation (its fast path)."""
 

@@ -6,7 +6,7 @@
 
 DSpark paged with confidence scheduling on (``threshold``) and off, and upstream DFlash, on the
 tiny Qwen3 target with the same backbone weights, greedy. Every step of one generate call runs
-under ``dspark_demo.host_syncs.step_reads`` (``execute_model``, ``sample_tokens`` and
+under ``dspark_fixtures.host_syncs.step_reads`` (``execute_model``, ``sample_tokens`` and
 ``take_draft_token_ids``); for the steps in which every request verified drafts it prints the
 device-to-host reads and syncing ops of the step with the most, and where they were called.
 """
@@ -17,15 +17,15 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     DSparkDraftSpec,
     build_qwen3_target,
     random_dspark_weights,
     save_dflash_draft,
     save_dspark_draft,
 )
-from dspark_demo.engine import TinyEngine, dspark_config
-from dspark_demo.host_syncs import StepReads, step_reads
+from dspark_fixtures.engine import TinyEngine, dspark_config
+from dspark_fixtures.host_syncs import StepReads, step_reads
 
 PROMPT = list(range(5, 21))
 CONFIDENCE = {"dspark_confidence_scheduler": "threshold", "dspark_confidence_threshold": 0.3}

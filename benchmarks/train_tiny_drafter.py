@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap, TorchBlockDraft
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     HEAD_DIM,
     NOISE_TOKEN_ID,
     NUM_HEADS,
@@ -205,7 +205,7 @@ def fault_sensitivity(draft: TorchBlockDraft, corpus: Corpus, layout: BlockLayou
 
 def engine_tau(target_dir: Path, draft_dir: Path, method: str, corpus: Corpus, k: int) -> dict:
     """Tau of the saved draft inside vLLM, from its spec-decode counters."""
-    from dspark_demo.engine import EngineUnavailable, run_engine
+    from dspark_fixtures.engine import EngineUnavailable, run_engine
 
     prompts = [row[: corpus.prompt_len].tolist() for row in corpus.token_ids]
     new_tokens = corpus.token_ids.shape[1] - corpus.prompt_len

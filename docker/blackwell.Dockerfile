@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # DSpark vLLM image for x86_64 Blackwell servers: B200-class GPUs (compute capability 10.0, sm_100a)
 # and RTX PRO 6000 Blackwell-class GPUs (12.0, sm_120a), CUDA 13. Grace-hosted GB200 systems are
 # aarch64 and not covered by this file. Build and run: docs/docker.md.
@@ -91,7 +93,7 @@ RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
 COPY docker/entrypoint.sh docker/healthcheck.py docker/
 # The GPU self-test (python3 -m tools.gpu_selftest, run by dspark-launch preflight) and the tiny
 # checkpoint builders and engine harness its engine checks use.
-COPY dspark_demo/ dspark_demo/
+COPY dspark_fixtures/ dspark_fixtures/
 
 # Torch extensions and FlashInfer JIT-compile for B200 (sm_100a), B300 (sm_103a) and RTX PRO 6000
 # (sm_120a): "a" code runs only on exactly its architecture, so each needs its own entry. CuTe

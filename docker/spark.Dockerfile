@@ -1,3 +1,5 @@
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 # DSpark vLLM image for NVIDIA DGX Spark: linux/arm64, GB10 GPU (compute capability 12.1, sm_121a),
 # CUDA 13. Build and run: docs/docker.md.
 #
@@ -90,7 +92,7 @@ RUN EXPECT_VLLM_VERSION="${VLLM_VERSION}" EXPECT_PIN_DIGEST="${PIN_DIGEST}" \
 COPY docker/entrypoint.sh docker/healthcheck.py docker/
 # The GPU self-test (python3 -m tools.gpu_selftest, run by dspark-launch preflight) and the tiny
 # checkpoint builders and engine harness its engine checks use.
-COPY dspark_demo/ dspark_demo/
+COPY dspark_fixtures/ dspark_fixtures/
 
 # GB10 only: torch extensions, FlashInfer and CuTe DSL JIT-compile for sm_121a. Without
 # CUTE_DSL_ARCH, CuTe DSL falls back to a slow generic path on this GPU.

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from dspark_common.operator_input import escaped
 from dspark_demo import quiet
-from dspark_demo.checkpoints import qwen3
 from dspark_demo.saved_pair import (
     SaveFailed,
     add_chat_template,
@@ -37,9 +36,10 @@ from dspark_demo.saved_pair import (
     save_problem,
     serve_command,
 )
+from dspark_fixtures.checkpoints import qwen3
 
 if TYPE_CHECKING:
-    from dspark_demo.engine import EngineRun
+    from dspark_fixtures.engine import EngineRun
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PAIRS = {
@@ -124,7 +124,7 @@ def generate(
 ) -> Measured:
     """The first timed run, and tokens/s over ``repeats`` timed runs (greedy: each run must
     produce the same tokens)."""
-    from dspark_demo.engine import TinyEngine
+    from dspark_fixtures.engine import TinyEngine
 
     with TinyEngine(target, speculative_config, record=True, max_num_seqs=4) as engine:
         engine.generate(PROMPTS[:1], max_tokens)  # warm-up
@@ -259,7 +259,7 @@ def report(args: argparse.Namespace, target: Path, plain: Measured, dspark: Meas
 
 
 def run(args: argparse.Namespace, scratch: Path, log: Path | None) -> int:
-    from dspark_demo.engine import dspark_config
+    from dspark_fixtures.engine import dspark_config
 
     def step(what: str) -> contextlib.AbstractContextManager:
         print(what, flush=True)

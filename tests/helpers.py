@@ -83,8 +83,9 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 class RowIndexedSlots:
-    """The reference recipe's mistake, a control for the contamination tests: a request's ring
-    slot is its batch row, so a request that moves rows reads another's context."""
+    """The mistake of the public two-node DGX Spark recipe for DeepSeek-V4-Flash, a control for
+    the contamination tests: a request's ring slot is its batch row, so a request that moves rows
+    reads another's context."""
 
     def __init__(self, capacity: int) -> None:
         from vllm.v1.spec_decode.dspark.slot_table import SlotTable
@@ -93,7 +94,6 @@ class RowIndexedSlots:
         self.capacity = self._table.capacity
         self.scratch_slot = self._table.scratch_slot
         self.req_id_to_slot: dict[str, int] = {}
-        self.free_slots = self._table.free_slots
 
     def assign(self, req_ids):
         from vllm.v1.spec_decode.dspark.slot_table import SlotAssignment

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
-"""Check (or with --fix, add) the SPDX header of every Python and shell file in the repository.
+"""Check (or with --fix, add) the SPDX header of every Python, shell, Dockerfile and Makefile in
+the repository.
 
 Files under overlay/ land inside vLLM's tree and carry vLLM's own two lines, as every vLLM file
 does; the project's other files name this project. The header follows a shebang line.
@@ -27,7 +28,7 @@ def header(relpath: str) -> list[str]:
 
 
 def wants_header(path: Path) -> bool:
-    if path.suffix in (".py", ".sh"):
+    if path.suffix in (".py", ".sh", ".Dockerfile") or path.name == "Makefile":
         return True
     if path.suffix or not path.is_file():
         return False

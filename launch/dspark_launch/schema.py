@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Strict reading of the launcher's YAML files: every error names the file and the key.
 
-The reference recipe's env files ran garbage when saved with a BOM or CRLF line endings, and
-malformed values only crashed at run time; here the whole file is checked before anything runs.
+An env file saved with a BOM or CRLF line endings runs garbage in a shell, and a malformed
+value crashes only at run time; here the whole file is checked before anything runs.
 """
 
 from __future__ import annotations

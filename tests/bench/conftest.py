@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.checkpoints.qwen3 import build_qwen3_target
+from dspark_fixtures.checkpoints.qwen3 import build_qwen3_target
 from tests.helpers import free_port
 
 SERVER_ENV = {

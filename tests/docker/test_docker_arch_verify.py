@@ -14,9 +14,9 @@ import subprocess
 import sys
 
 import pytest
-from dockerfiles import DOCKERFILES, REPO, fake_listing, read, vllm_033_record
 
 from installer.vllm_tree import locate
+from tests.docker.dockerfiles import DOCKERFILES, REPO, fake_listing, read, vllm_033_record
 from tools.gpu_selftest.architectures import (
     VllmBuild,
     architecture_problems,

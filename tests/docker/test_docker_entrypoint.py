@@ -10,8 +10,9 @@ import sys
 import time
 
 import pytest
-from dockerfiles import REPO
-from launcher_args import rendered_ranks
+
+from tests.docker.dockerfiles import REPO
+from tests.docker.launcher_args import rendered_ranks
 
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
 PARSE_ONLY_VLLM = REPO / "tests" / "docker" / "parse_only_vllm.py"

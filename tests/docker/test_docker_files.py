@@ -8,11 +8,11 @@ import re
 import subprocess
 
 import pytest
-from dockerfiles import DOCKERFILES, REPO, read
 from packaging.version import Version
 
 from installer.pins import load as load_pins
 from installer.vllm_tree import locate
+from tests.docker.dockerfiles import DOCKERFILES, REPO, read
 
 # Per image: platform, TORCH_CUDA_ARCH_LIST, FLASHINFER_CUDA_ARCH_LIST, CUTE_DSL_ARCH.
 EXPECTED_TARGETS = {

@@ -8,7 +8,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from dockerfiles import REPO
+
+from tests.docker.dockerfiles import REPO
 
 HEALTHCHECK = REPO / "docker" / "healthcheck.py"
 sys.path.insert(0, str(HEALTHCHECK.parent))

@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from dockerfiles import DOCKERFILES, REPO, fake_listing, read
-from launcher_args import rendered_ranks
 from packaging.version import Version
-from standin import StandinError, ensure_standin
 
-from dspark_demo.checkpoints import qwen3
+from dspark_fixtures.checkpoints import qwen3
 from installer.vllm_tree import locate
+from tests.docker.dockerfiles import DOCKERFILES, REPO, fake_listing, read
+from tests.docker.launcher_args import rendered_ranks
+from tests.docker.standin import StandinError, ensure_standin
 from tests.helpers import free_port
 
 BUILD_TIMEOUT_S = 900

@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from dockerfiles import DOCKERFILES, REPO, read
 
 from installer.hashing import sha256_hex
 from installer.pins import PatchPin, dump
 from installer.pins import load as load_pins
 from installer.unified_diff import parse
 from installer.vllm_tree import locate
+from tests.docker.dockerfiles import DOCKERFILES, REPO, read
 from tests.helpers import replace_file
 
 PYTHON = sys.executable

@@ -150,7 +150,8 @@ def bad_profile(tmp_path: Path, name: str, **changes) -> Path:
 
 
 REFUSED = {
-    # The KV-cache dtype of the reference recipe: GB10's DeepSeek-V4 attention class refuses it.
+    # The KV-cache dtype of the public two-node DGX Spark recipe for DeepSeek-V4-Flash: GB10's
+    # DeepSeek-V4 attention class refuses it.
     "kv-dtype": (
         {"kv_cache_dtype": "nvfp4_ds_mla"},
         "DeepseekV4 fp8_ds_mla layout only supports fp8 kv-cache, got nvfp4_ds_mla",

@@ -14,8 +14,8 @@ synchronously; DSpark refuses confidence scheduling with async scheduling
 import pytest
 import torch
 
-from dspark_demo.checkpoints.qwen3 import build_qwen3_target
-from dspark_demo.engine import EngineRun, run_engine
+from dspark_fixtures.checkpoints.qwen3 import build_qwen3_target
+from dspark_fixtures.engine import EngineRun, run_engine
 
 pytestmark = pytest.mark.engine
 

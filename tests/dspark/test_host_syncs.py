@@ -5,7 +5,7 @@ reads of the runner's host tensors and of what is computed from them only do not
 
 import torch
 
-from dspark_demo.host_syncs import DeviceReadRecorder, HostSyncRecorder
+from dspark_fixtures.host_syncs import DeviceReadRecorder, HostSyncRecorder
 
 
 def recorded(host: list[torch.Tensor], step) -> list[str]:

@@ -28,8 +28,6 @@ from vllm.v1.spec_decode.dspark.markov import (
     plain_markov_weights,
 )
 
-pytestmark = pytest.mark.unit
-
 VOCAB, RANK, N, BATCH = 700, 32, 4, 3
 
 
@@ -45,6 +43,7 @@ def markov_head(seed: int) -> tuple[DSparkMarkovHead, LogitsProcessor]:
     return head, logits
 
 
+@pytest.mark.multiproc  # reruns itself in a subprocess under Triton's interpreter
 def test_fused_greedy_chain_drafts_what_the_torch_chain_does():
     result = subprocess.run(
         [sys.executable, __file__],

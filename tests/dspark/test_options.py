@@ -17,7 +17,7 @@ from packaging.version import Version
 from pydantic import ValidationError
 
 import vllm
-from dspark_demo.checkpoints import qwen3
+from dspark_fixtures.checkpoints import qwen3
 from vllm.config import SpeculativeConfig
 from vllm.engine.arg_utils import EngineArgs
 from vllm.v1.spec_decode.dspark.checks import (

@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, Phase, find, given, settings
 from hypothesis import strategies as st
 
-from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_fixtures.host_syncs import HostSyncRecorder
 from tests.helpers import RowIndexedSlots
 from vllm.v1.spec_decode.dspark import ring as ring_module
 from vllm.v1.spec_decode.dspark.ring import ContextRing, rows_to_requests, valid_row_mask
@@ -391,8 +391,9 @@ def load_reference_row_to_slot():
 
 
 class ReferenceRecipeSlots:
-    """The reference recipe after its fix (`_row_to_slot`): frees on absence, never clears, and
-    padding reads slot 0 (defects D1-D3)."""
+    """The slot mapping (`_row_to_slot`) of the public two-node DGX Spark recipe for
+    DeepSeek-V4-Flash, after its fix: frees on absence, never clears, and padding reads slot 0
+    (defects D1-D3)."""
 
     def __init__(self, capacity: int) -> None:
         self.mapping = load_reference_row_to_slot()(capacity)

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PretrainedConfig
 
-from dspark_demo.checkpoints import gemma4, qwen3
+from dspark_fixtures.checkpoints import gemma4, qwen3
 from vllm.v1.spec_decode.dspark.checks import (
     check_block_size,
     check_draft_flags,
@@ -321,14 +321,14 @@ def test_vllm_refuses_adaptive_verification_for_dspark(configs):
 
 
 def v4_config(**changes):
-    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
+    from dspark_fixtures.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
 
     return DeepSeekV4DSparkConfig.from_hf_config({**TINY_V4_CONFIG, **changes})
 
 
 def test_the_tiny_v4_config_passes_as_a_mapping_and_as_a_pretrained_config():
-    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
+    from dspark_fixtures.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import DeepSeekV4DSparkConfig
 
     config = v4_config()
@@ -376,7 +376,7 @@ def test_the_v4_config_refuses_a_bad_field_in_one_line_naming_it(changes, messag
 
 
 def test_a_missing_v4_field_is_named():
-    from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
+    from dspark_fixtures.checkpoints.deepseek_v4 import TINY_V4_CONFIG
     from vllm.v1.spec_decode.dspark.deepseek_v4.config import (
         DeepSeekV4DSparkConfig,
         DSparkConfigError,

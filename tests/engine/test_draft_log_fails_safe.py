@@ -5,7 +5,7 @@ off with one warning, and the requests after it are served, losslessly, with dra
 
 import logging
 
-from dspark_demo.engine import TinyEngine, dspark_config, run_engine
+from dspark_fixtures.engine import TinyEngine, dspark_config, run_engine
 
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w42 w7 w8"]
 MAX_TOKENS = 24

@@ -3,18 +3,18 @@
 """The paged draft's FULL CUDA graphs of the stage after its forward (``cudagraph.ChainGraphs``:
 base logits, Markov chain, confidence head; the forward itself replays upstream DFlash's
 piecewise graphs) in the real CPU engine, the graph replaced by its own function
-(``tests/cuda_graphs.py``): greedy and sampled drafts through the graphs equal the eager drafts
-at every step (graphs for every batch size, so no padding and the same random numbers; both
-engines reseeded), batches mixing greedy and sampled requests replay the sampled graphs, and
-vLLM's spec-decode metrics count every draft step."""
+(``dspark_fixtures/cuda_graphs.py``): greedy and sampled drafts through the graphs equal the eager
+drafts at every step (graphs for every batch size, so no padding and the same random numbers; both
+engines reseeded), batches mixing greedy and sampled requests replay the sampled graphs, and vLLM's
+spec-decode metrics count every draft step."""
 
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dspark_demo.engine import TinyEngine, dspark_config
-from tests.cuda_graphs import TEMPERATURES, graphs_on_cpu, record_replays, run_batches
+from dspark_fixtures.cuda_graphs import TEMPERATURES, graphs_on_cpu, record_replays, run_batches
+from dspark_fixtures.engine import TinyEngine, dspark_config
 
 K = 4
 PROMPTS = [[5 + 3 * i + j for j in range(12 + 5 * i)] for i in range(3)]

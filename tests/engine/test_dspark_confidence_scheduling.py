@@ -14,9 +14,9 @@ import math
 import pytest
 import torch
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import TinyEngine, dspark_config, run_engine
-from dspark_demo.host_syncs import step_reads
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import TinyEngine, dspark_config, run_engine
+from dspark_fixtures.host_syncs import step_reads
 
 K = 4
 CONFIDENCE = 0.5  # sigmoid(0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dspark_demo.engine import dspark_config, run_engine
+from dspark_fixtures.engine import dspark_config, run_engine
 
 
 def startup_error(target: Path, speculative_config: dict) -> str:

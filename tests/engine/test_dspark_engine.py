@@ -8,8 +8,8 @@ import gc
 import pytest
 from test_paged_families import varied_prompts
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import (
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import (
     drafts_one_by_one,
     dspark_config,
     read_draft_log,

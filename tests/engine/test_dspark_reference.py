@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import TinyEngine, dspark_config, read_draft_log, run_engine
 
 K = 4
 # float32 logits of magnitude ~1 carry ~1e-6 error; 1e-4 leaves a wide margin

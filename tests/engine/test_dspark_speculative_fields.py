@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from dspark_demo.engine import TinyEngine, dspark_config, read_draft_log, run_engine
+from dspark_fixtures.engine import TinyEngine, dspark_config, read_draft_log, run_engine
 
 PROMPTS = ["w12 w7 w300 w41 w5", "w900 w901 w902 w903", "w1 w2 w3", "w500 w42 w7 w8 w9 w10"]
 MAX_TOKENS = 24

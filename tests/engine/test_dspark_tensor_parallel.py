@@ -11,8 +11,8 @@ TP = 1. The draft's confidence head is random, so the lengths vary with the cont
 
 import pytest
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import draft_steps, dspark_config, run_engine
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import draft_steps, dspark_config, run_engine
 
 pytestmark = pytest.mark.multiproc
 

@@ -27,8 +27,8 @@ import pytest
 import torch
 from test_dspark_reference import TOLERANCE, draft_gaps, rms_norm, stacked_k_norm
 
-from dspark_demo.checkpoints import gemma4
-from dspark_demo.engine import (
+from dspark_fixtures.checkpoints import gemma4
+from dspark_fixtures.engine import (
     EngineUnavailable,
     dspark_config,
     run_engine,

@@ -15,7 +15,7 @@ V4_DRAFT = ("vllm.v1.spec_decode.dspark.deepseek_v4", "vllm.v1.spec_decode.dspar
 PROBE = """
 import json, sys
 from pathlib import Path
-from dspark_demo.engine import dspark_config, run_engine, use_engine_env
+from dspark_fixtures.engine import dspark_config, run_engine, use_engine_env
 use_engine_env()
 target, draft, overlay = sys.argv[1:4]
 spec = dspark_config(Path(draft)) if draft else None

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dspark_demo.engine import (
+from dspark_fixtures.engine import (
     TinyEngine,
     drafts_one_by_one,
     dspark_config,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.engine import ENGINE_ENV
+from dspark_fixtures.engine import ENGINE_ENV
 from tests.engine.test_dspark_config_errors import copy_draft
 from tests.helpers import free_port
 

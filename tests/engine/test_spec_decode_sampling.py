@@ -10,7 +10,7 @@ gather), and a step without drafts gave ``apply_top_k_only`` zero rows."""
 import pytest
 import torch
 
-from dspark_demo.engine import TinyEngine, dspark_config, run_engine
+from dspark_fixtures.engine import TinyEngine, dspark_config, run_engine
 
 PROMPTS = ["w1 w2 w3", "w5 w9 w13 w2", "w40 w41", "w7 w7 w8 w9 w10", "w300 w2 w88"]
 # top_k=1 is greedy at any temperature, so those requests have a known answer.

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_demo.checkpoints import gemma4, qwen3
+from dspark_fixtures.checkpoints import gemma4, qwen3
 
 _LAYER_NORM = re.compile(r"^(?P<head>.*\blayers\.)(?P<index>\d+)(?P<tail>\..*norm[^.]*\.weight)$")
 

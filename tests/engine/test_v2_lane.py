@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The V2 lane served: upstream vLLM's DSpark on Model Runner V2, with DSpark installed, on the
-CPU under Triton's interpreter (``dspark_demo/cpu_mrv2.py``), against the V1 lane on the same
+CPU under Triton's interpreter (``dspark_fixtures/cpu_mrv2.py``), against the V1 lane on the same
 tiny pairs and prompts, for Qwen3 and Gemma-4.
 
 Every V2 engine runs in one subprocess (``v2_lane_runner.py``: the host must be installed
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from dspark_demo.engine import EngineRun, TinyEngine, dspark_config
+from dspark_fixtures.engine import EngineRun, TinyEngine, dspark_config
 from tests.helpers import REPO, probe_report, start_probe
 
 pytestmark = pytest.mark.multiproc  # the V2 engines run in a subprocess

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Run in a subprocess by test_v2_lane.py: real engines on Model Runner V2, hosted on the CPU
-by ``dspark_demo/cpu_mrv2.py`` (which must be installed before vLLM is imported, hence a
+by ``dspark_fixtures/cpu_mrv2.py`` (which must be installed before vLLM is imported, hence a
 process of its own), one after another, and print what each produced as JSON.
 
 Argument: a JSON file, a list of engines ``{"target", "speculative_config", "engine_args",
@@ -16,14 +16,14 @@ import sys
 import time
 from pathlib import Path
 
-from dspark_demo import cpu_mrv2
+from dspark_fixtures import cpu_mrv2
 
 cpu_mrv2.install()
 
 from vllm.sampling_params import StructuredOutputsParams  # noqa: E402, I001
 
 from benchmarks.draft_step_lanes import cost_json, measure_v2_step  # noqa: E402
-from dspark_demo.engine import TinyEngine  # noqa: E402
+from dspark_fixtures.engine import TinyEngine  # noqa: E402
 
 
 def serve(engine: dict) -> dict:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.engine import use_engine_env
+from dspark_fixtures.engine import use_engine_env
 
 use_engine_env()
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4  # noqa: E402
-from tests.engine_v4 import standins  # noqa: E402
+from dspark_fixtures import standins  # noqa: E402
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4  # noqa: E402
 
 
 @dataclass

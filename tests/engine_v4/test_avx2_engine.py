@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.engine_v4 import cpp_standins
+from dspark_fixtures import cpp_standins
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_CASES = [
@@ -28,7 +28,7 @@ for flag in ("avx512", "avx512_bf16", "vnni", "amx_tile", "amx_fp16"):
     setattr(torch.cpu, f"_is_{flag}_supported", lambda: False)
 import pytest
 rc = pytest.main(sys.argv[1:])
-from tests.engine_v4 import cpp_standins
+from dspark_fixtures import cpp_standins
 maps = open("/proc/self/maps").read()
 report = dict(
     rc=int(rc),

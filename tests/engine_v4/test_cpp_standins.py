@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from tests.engine_v4 import cpp_standins as cs
+from dspark_fixtures import cpp_standins as cs
 
 BF16 = dict(rtol=1.6e-2, atol=1e-5)
 FP32 = dict(rtol=1e-5, atol=1e-5)

@@ -9,8 +9,8 @@ import torch
 from packaging.version import Version
 
 import vllm
-from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
-from tests.engine_v4 import quant_standins
+from dspark_fixtures import quant_standins
+from dspark_fixtures.checkpoints import deepseek_v4_quantised as quantise_v4
 from tests.engine_v4.test_v4_quantised import weight
 
 
@@ -89,8 +89,8 @@ def moe_config(tmp_path_factory):
     """The FusedMoEConfig of the quantised draft's stage-0 experts (built with the stand-ins, AMX
     reported off). Built on cpu, not meta: vLLM caches rotary embeddings by their arguments
     (``get_rope``'s ``_ROPE_DICT``), and a meta one broke the next V4 engine of the session."""
-    from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-    from dspark_demo.v4_draft import build_draft, v4_vllm_config
+    from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
+    from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
 
     config = quantise_v4.QUANTISED_V4_CONFIG
     shipped = quantise_v4.quantise_v4_checkpoint(tiny_v4.random_v4_checkpoint(config))[0]

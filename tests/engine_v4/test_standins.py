@@ -6,7 +6,7 @@ import random
 
 import torch
 
-from tests.engine_v4 import standins
+from dspark_fixtures import standins
 
 
 def _batch(seed: int, num_reqs: int, block_size: int):

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
 
 CHECKPOINTS = {
     "random": tiny_v4.random_v4_checkpoint,

@@ -24,8 +24,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import vllm
-from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.v4_draft import build_draft, v4_vllm_config
+from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
 from tests.helpers import VLLM_SOURCES
 
@@ -495,7 +495,7 @@ def test_profile_run_writes_the_context_and_fills_the_one_probs_buffer(tiny_v4_m
     projects and writes that many target rows into the ring and writes every request's
     distributions into the single preallocated ``[max_num_seqs, k, V]`` buffer of probabilistic
     drafts; EAGLE's per-token buffers, which the ring draft never reads, hold nothing."""
-    from dspark_demo.engine import TinyEngine
+    from dspark_fixtures.engine import TinyEngine
     from tests.engine_v4.v4_harness import V4_ENGINE_ARGS
     from vllm.v1.spec_decode.dspark import ring_proposer
     from vllm.v1.spec_decode.dspark.drafter import BlockDrafter

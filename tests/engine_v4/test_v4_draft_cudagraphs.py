@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.engine import TinyEngine
-from tests.cuda_graphs import (
+from dspark_fixtures import standins
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
+from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+from dspark_fixtures.cuda_graphs import (
     TEMPERATURES,
     PassThroughGraph,
     SizingArgs,
@@ -31,7 +31,7 @@ from tests.cuda_graphs import (
     run_batches,
     size_as_on_cuda,
 )
-from tests.engine_v4 import standins
+from dspark_fixtures.engine import TinyEngine
 from tests.engine_v4.v4_harness import V4_ENGINE_ARGS, dspark
 
 # --- Planning and capture -----------------------------------------------------------------------

@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.host_syncs import HostSyncRecorder
+from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+from dspark_fixtures.host_syncs import HostSyncRecorder
 from tests.engine_v4.v4_harness import dspark, run_v4
 from tests.helpers import RowIndexedSlots
 
@@ -66,7 +66,8 @@ def test_oracle_draft_reads_its_ring_and_every_draft_is_accepted(tiny_v4_models,
 
 
 def test_wrong_rope_phase_gets_nothing_accepted(tiny_v4_models, monkeypatch):
-    """Control: the same draft with its block one position lower (the reference recipe's phase)
+    """Control: the same draft with its block one position lower (the phase of
+    the public two-node DGX Spark recipe's V1 proposer)
     reads a token one cycle step off, so nothing it drafts is accepted, and output is unchanged."""
     from vllm.v1.spec_decode.dspark import drafter
 
@@ -138,7 +139,7 @@ CHURN = dict(max_model_len=384, max_num_seqs=3, num_gpu_blocks_override=8)
 
 def drafts_alone_and_churning(target, tmp_path) -> tuple[dict, dict]:
     """Every request's logged drafts by anchor: run alone, and among the others with churn."""
-    from dspark_demo.engine import read_draft_log
+    from dspark_fixtures.engine import read_draft_log
 
     prompts = cycle_prompts(CHURN_LENGTHS)
     crowded_log = tmp_path / "crowded.jsonl"

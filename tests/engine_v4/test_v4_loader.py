@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-from dspark_demo.v4_draft import build_draft, v4_vllm_config
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
+from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
 from vllm.v1.spec_decode.dspark.deepseek_v4 import (
     CheckpointDraftTensors,
     DeepSeekV4DSparkConfig,

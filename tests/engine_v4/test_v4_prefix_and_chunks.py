@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 import torch
 
-from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.engine import TinyEngine, read_draft_log
+from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+from dspark_fixtures.engine import TinyEngine, read_draft_log
 from tests.engine_v4.v4_harness import V4_ENGINE_ARGS, dspark, run_v4
 
 K = 4

@@ -3,7 +3,7 @@
 """The DeepSeek-V4 draft as V4-Flash ships it: FP8 block-scaled linears, MXFP4 routed experts.
 
 The tiny V4 target and its ``mtp.*`` draft are quantised exactly as V4-Flash ships them
-(``dspark_demo/checkpoints/deepseek_v4_quantised.py``) and served in the real engine twice: on
+(``dspark_fixtures/checkpoints/deepseek_v4_quantised.py``) and served in the real engine twice: on
 vLLM's own kernels (its CPU FP8 block linear and CPU MXFP4 MoE, both AMX; skipped without AMX),
 and on the torch stand-ins
 (``quant_standins.py``) with AMX reported off as vLLM's CPU path reads it
@@ -20,9 +20,9 @@ import types
 import pytest
 import torch
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-from dspark_demo.checkpoints import deepseek_v4_quantised as quantise_v4
-from dspark_demo.v4_draft import build_draft, v4_vllm_config
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
+from dspark_fixtures.checkpoints import deepseek_v4_quantised as quantise_v4
+from dspark_fixtures.v4_draft import build_draft, v4_vllm_config
 from tests.engine_v4.v4_harness import dspark, run_v4
 from vllm.v1.spec_decode.dspark.deepseek_v4 import DSparkCheckpointError, load_deepseek_v4_draft
 
@@ -41,13 +41,13 @@ def kernels(request):
     if request.param == "amx":
         if not HAS_AMX:
             pytest.skip("vLLM's CPU FP8 block linear and MXFP4 MoE need AMX tiles; none here")
-        from tests.engine_v4.quant_standins import amx_moe_kernel_mismatch
+        from dspark_fixtures.quant_standins import amx_moe_kernel_mismatch
 
         if reason := amx_moe_kernel_mismatch():
             pytest.skip(reason)
         yield request.param
         return
-    from tests.engine_v4 import quant_standins
+    from dspark_fixtures import quant_standins
 
     with quant_standins.amx_reported_off():
         yield request.param
@@ -149,7 +149,7 @@ def quantised_draft(tmp_path_factory, shipped_checkpoint, kernels):
 
 
 def test_each_variant_runs_the_kernels_it_names(quantised_draft, kernels):
-    from tests.engine_v4.quant_standins import TorchFp8BlockScaledMMKernel, TorchMxfp4Experts
+    from dspark_fixtures.quant_standins import TorchFp8BlockScaledMMKernel, TorchMxfp4Experts
     from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUFp8BlockScaledMMKernel
     from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUExpertsMxfp4
 
@@ -256,7 +256,7 @@ def test_each_quantised_layer_computes_what_its_bf16_twin_computes(tmp_path, ker
 def draft_agreement(logs: list, runs: list) -> tuple[int, int]:
     """(draft tokens equal in both logs, draft tokens compared), over the anchors whose context
     (prompt and output up to the block's first token) is the same in both runs."""
-    from dspark_demo.engine import read_draft_log
+    from dspark_fixtures.engine import read_draft_log
 
     a, b = (read_draft_log(log) for log in logs)
     equal = total = 0
@@ -277,7 +277,7 @@ def draft_agreement(logs: list, runs: list) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def quantised_models(tmp_path_factory):
-    from tests.engine_v4 import standins
+    from dspark_fixtures import standins
 
     standins.install_standins()
     root = tmp_path_factory.mktemp("v4-quantised")
@@ -301,7 +301,7 @@ MAX_TOKENS = [64, 72, 80]
 def run_measuring_moe(model, log) -> tuple:
     """DSpark with the draft log, and per draft stage ``|MoE output| / |its layer input|`` (the
     mHC-mixed residual ``u`` of ``f = ffn(ffn_norm(u))``) over every row of the run."""
-    from dspark_demo.engine import TinyEngine
+    from dspark_fixtures.engine import TinyEngine
     from tests.engine_v4.v4_harness import V4_ENGINE_ARGS
 
     spec = dspark(K, dspark_draft_log=str(log))

@@ -10,7 +10,7 @@ rank 0 with rank 1 step by step, and TP = 2 with TP = 1 where the context is the
 
 Workers are fresh interpreters, so the stand-ins this session installed are not in them: a
 throw-away distribution on ``sys.path`` (spawned workers get the parent's) names
-``tests.engine_v4.standins:install_standins`` as a ``vllm.general_plugins`` entry point,
+``dspark_fixtures.standins:install_standins`` as a ``vllm.general_plugins`` entry point,
 which vLLM loads in every worker before it builds the model.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
-from dspark_demo.engine import draft_steps
+from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+from dspark_fixtures.engine import draft_steps
 from tests.engine_v4.v4_harness import dspark, run_v4
 
 pytestmark = pytest.mark.multiproc
@@ -37,7 +37,7 @@ def worker_standins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "Metadata-Version: 2.1\nName: dspark-test-standins\nVersion: 0\n"
     )
     (dist_info / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\ndspark_test_standins = tests.engine_v4.standins:install_standins\n"
+        "[vllm.general_plugins]\ndspark_test_standins = dspark_fixtures.standins:install_standins\n"
     )
     monkeypatch.syspath_prepend(str(dist_info.parent))
 

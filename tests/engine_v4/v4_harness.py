@@ -5,7 +5,7 @@
 from pathlib import Path
 from typing import Any
 
-from dspark_demo.engine import EngineRun, TinyEngine
+from dspark_fixtures.engine import EngineRun, TinyEngine
 
 # vLLM picks DeepSeek-V4's own KV block size (256); bf16 is what its CPU kernels take.
 V4_ENGINE_ARGS: dict[str, Any] = dict(dtype="bfloat16", max_model_len=1024, block_size=None)

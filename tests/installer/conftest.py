@@ -6,7 +6,9 @@ per-test copies of them, plus throwaway projects with generated patches and over
 from pathlib import Path
 
 import pytest
-from installer_testlib import (
+from packaging.version import Version
+
+from tests.installer.installer_testlib import (
     CACHE_033,
     EAGLE,
     OVERLAY_A,
@@ -20,7 +22,6 @@ from installer_testlib import (
     record_problems,
     run_installer,
 )
-from packaging.version import Version
 
 PRISTINE_FIXTURES = {"0.32.0": "pristine_032", "0.33.0": "pristine_033"}
 

@@ -120,7 +120,7 @@ def _file_hash(path: Path) -> str:
 
 def tiny_dspark_pair(root: Path) -> tuple[Path, Path]:
     """A tiny Qwen3 target and its DeepSpec-layout DSpark draft (block 4), under `root`."""
-    from dspark_demo.checkpoints import qwen3
+    from dspark_fixtures.checkpoints import qwen3
 
     spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
     target = qwen3.build_qwen3_target(root / "target", kind="bigram")

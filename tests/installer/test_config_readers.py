@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import REPO
 
 from dspark_common.operator_input import MAX_SHOWN
 from dspark_common.safe_yaml import MAX_BYTES, YamlError, load_mapping
 from installer import pins as pins_module
+from tests.installer.installer_testlib import REPO
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=True)

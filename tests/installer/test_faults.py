@@ -9,7 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
-from installer_testlib import (
+
+from installer.errors import ExitCode
+from installer.faults import KILL_AT_ENV, KILLED_EXIT
+from installer.state import JOURNAL, RECORD
+from tests.installer.installer_testlib import (
     EAGLE,
     OVERLAY_B,
     SPECULATIVE,
@@ -18,10 +22,6 @@ from installer_testlib import (
     sources,
     unwritable,
 )
-
-from installer.errors import ExitCode
-from installer.faults import KILL_AT_ENV, KILLED_EXIT
-from installer.state import JOURNAL, RECORD
 
 # The machinery is version-independent; test_install_cycle covers both versions.
 pytestmark = pytest.mark.parametrize("version", ["0.32.0"])
@@ -47,6 +47,7 @@ def touched(tree: Path) -> dict[str, str]:
     return sources(tree, TOUCHED)
 
 
+@pytest.mark.multiproc  # the installer killed in a subprocess at each step
 def test_kill_during_install_then_any_mode_repairs(project: GeneratedProject, tree: Path):
     pristine_tree = sources(tree)
     before = touched(tree)
@@ -84,6 +85,7 @@ def test_kill_during_install_then_any_mode_repairs(project: GeneratedProject, tr
     assert sources(tree) == pristine_tree
 
 
+@pytest.mark.multiproc  # the installer killed in a subprocess at each step
 def test_kill_during_uninstall_then_next_run_repairs(project: GeneratedProject, tree: Path):
     pristine_tree = sources(tree)
     before = touched(tree)
@@ -104,6 +106,7 @@ def test_kill_during_uninstall_then_next_run_repairs(project: GeneratedProject, 
     assert sources(tree) == pristine_tree
 
 
+@pytest.mark.multiproc  # the installer killed in a subprocess at each step
 def test_kill_during_upgrade_restores_the_older_install(
     project: GeneratedProject, tree: Path, tmp_path: Path
 ):
@@ -127,6 +130,7 @@ def test_kill_during_upgrade_restores_the_older_install(
     assert newer.install(tree, "--status").returncode == ExitCode.OK, "the last run upgraded"
 
 
+@pytest.mark.multiproc  # the installer killed in a subprocess at each step
 def test_kill_during_repair_then_repair_again(project: GeneratedProject, tree: Path):
     before = sources(tree)
     assert kill_at(project, tree, 16).returncode == KILLED_EXIT

@@ -6,7 +6,10 @@ with patches and overlay files generated against those trees' own sources."""
 import json
 from pathlib import Path
 
-from installer_testlib import (
+from installer.errors import ExitCode
+from installer.state import STATE_DIR
+from tests.helpers import replace_file
+from tests.installer.installer_testlib import (
     EAGLE,
     OVERLAY_A,
     OVERLAY_B,
@@ -18,10 +21,6 @@ from installer_testlib import (
     snapshot,
     sources,
 )
-
-from installer.errors import ExitCode
-from installer.state import STATE_DIR
-from tests.helpers import replace_file
 
 
 def status_of(project: GeneratedProject, tree: Path) -> tuple[int, dict]:

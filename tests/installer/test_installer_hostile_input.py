@@ -11,13 +11,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from installer_testlib import TOUCHED, GeneratedProject, snapshot, sources
 
 from installer.errors import ExitCode
 from installer.faults import FAIL_AT_ENV, KILL_AT_ENV, KILLED_EXIT
 from installer.hashing import sha256_hex
 from installer.state import JOURNAL, RECORD
 from tests.helpers import replace_file
+from tests.installer.installer_testlib import TOUCHED, GeneratedProject, snapshot, sources
 
 pytestmark = pytest.mark.parametrize("version", ["0.32.0"])
 VICTIM = b"not vLLM's\n"
@@ -170,6 +170,7 @@ def test_full_disk_while_saving_originals(project: GeneratedProject, tree: Path)
     assert sources(tree) == before
 
 
+@pytest.mark.multiproc  # the installer interrupted in a subprocess at each step
 def test_ctrl_c_at_every_step(project: GeneratedProject, tree: Path):
     before = sources(tree, TOUCHED)
     step = 1

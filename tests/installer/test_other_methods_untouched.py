@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import environment_tree
 
-from dspark_demo.checkpoints import qwen3
-from dspark_demo.engine import ENGINE_ENV
+from dspark_fixtures.checkpoints import qwen3
+from dspark_fixtures.engine import ENGINE_ENV
 from installer.state import STATE_DIR
+from tests.installer.installer_testlib import environment_tree
 
 pytestmark = [pytest.mark.engine, pytest.mark.each_vllm]
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.each_vllm]
 # fails in vLLM's Triton-override scan (docs/vllm-cpu-testing notes, section 6).
 GENERATE = """
 import importlib.util, json, sys
-from dspark_demo.engine import run_engine
+from dspark_fixtures.engine import run_engine
 target, dflash = sys.argv[1], sys.argv[2]
 prompts = ["w5 w6 w7 w5 w6 w7 w5 w6", "w10 w11 w12 w13 w10 w11 w12 w13 w10", "w300 w12 w999"]
 configs = {

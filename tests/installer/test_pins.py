@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import EAGLE, REPO, GeneratedProject, copy_vllm_tree
 
 from installer import pins as pins_module
 from installer.errors import Refused
 from tests.helpers import replace_file
+from tests.installer.installer_testlib import EAGLE, REPO, GeneratedProject, copy_vllm_tree
 
 SHA = "0" * 64
 

@@ -11,7 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import (
+
+from installer.errors import ExitCode
+from installer.hashing import sha256_hex
+from installer.state import JOURNAL
+from installer.vllm_tree import V1_RUNNER
+from tests.helpers import replace_file
+from tests.installer.installer_testlib import (
     EAGLE,
     OVERLAY_A,
     SPECULATIVE,
@@ -20,12 +26,6 @@ from installer_testlib import (
     sources,
     unwritable,
 )
-
-from installer.errors import ExitCode
-from installer.hashing import sha256_hex
-from installer.state import JOURNAL
-from installer.vllm_tree import V1_RUNNER
-from tests.helpers import replace_file
 
 # The machinery is version-independent; test_install_cycle covers both versions.
 pytestmark = pytest.mark.parametrize("version", ["0.32.0"])

@@ -7,7 +7,9 @@ today: it is complete, it installs and uninstalls byte-identically on real vLLM 
 import json
 from pathlib import Path
 
-from installer_testlib import (
+from installer import pins as pins_module
+from installer.errors import ExitCode
+from tests.installer.installer_testlib import (
     REPO,
     SETUP_HINT,
     environment_tree,
@@ -15,9 +17,6 @@ from installer_testlib import (
     run_installer,
     sources,
 )
-
-from installer import pins as pins_module
-from installer.errors import ExitCode
 
 
 def test_pins_list_every_shipped_overlay_file_and_patch():

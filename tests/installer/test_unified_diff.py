@@ -7,9 +7,15 @@ import difflib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from installer_testlib import EAGLE, SPECULATIVE, edited_source, environment_tree, make_diff
 
 from installer.unified_diff import PatchError, parse, split_lines
+from tests.installer.installer_testlib import (
+    EAGLE,
+    SPECULATIVE,
+    edited_source,
+    environment_tree,
+    make_diff,
+)
 
 
 @pytest.fixture(scope="module")

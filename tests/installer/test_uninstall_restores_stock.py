@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.checkpoints import qwen3
+from dspark_fixtures.checkpoints import qwen3
 
 # vLLM validates the config in subprocesses.
 pytestmark = [pytest.mark.multiproc, pytest.mark.each_vllm]

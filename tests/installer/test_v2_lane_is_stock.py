@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from installer_testlib import REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
 from installer.errors import ExitCode
 from tests.helpers import probe_report, start_probe
+from tests.installer.installer_testlib import REPO, copy_vllm_tree, run_installer, tiny_dspark_pair
 
 PROBE = Path(__file__).with_name("v2_lane_probe.py")
 # Fields the installed SpeculativeConfig adds (the V1 proposer's options); V2 refuses them.
@@ -38,6 +38,10 @@ def start_v2_probe(tree: Path, root: Path, target: Path, draft: Path) -> subproc
     }
     command = [sys.executable, str(PROBE), str(tree), str(REPO), str(target), str(draft)]
     return start_probe(command, env, root)
+
+
+# Each probe builds vLLM's V2 config, scheduler and speculator in a subprocess.
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.fixture(

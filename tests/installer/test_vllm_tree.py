@@ -6,10 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from installer_testlib import REPO, copy_vllm_tree, environment_tree
-
 from installer.vllm_tree import locate
 from tests.helpers import replace_file
+from tests.installer.installer_testlib import REPO, copy_vllm_tree, environment_tree
 
 
 def test_default_tree_is_found_without_importing_vllm():

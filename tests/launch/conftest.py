@@ -2,4 +2,4 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Launcher test fixtures (defined in launch_testlib, registered here)."""
 
-from launch_testlib import cli, fake_cluster  # noqa: F401
+from tests.launch.launch_testlib import cli, fake_cluster  # noqa: F401

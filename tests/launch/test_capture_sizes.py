@@ -2,7 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """Every shipped profile's target captures its widest speculative decode batch,
 ``max_num_seqs * (k + 1)`` tokens, in every cudagraph mode: the rendered ``vllm serve``
-arguments read by vLLM's own parser, sized by vLLM's own functions (``tests/cuda_graphs.py``)."""
+arguments read by vLLM's own parser, sized by vLLM's own functions
+(``dspark_fixtures/cuda_graphs.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from dspark_launch.profile import PROFILES_DIR, load_profile
 
 pytest.importorskip("vllm")
 
-from dspark_demo.checkpoints import deepseek_v4 as tiny_v4
-from tests.cuda_graphs import profile_sizing_args, rendered_serve_args, size_as_on_cuda
+from dspark_fixtures.checkpoints import deepseek_v4 as tiny_v4
+from dspark_fixtures.cuda_graphs import profile_sizing_args, rendered_serve_args, size_as_on_cuda
 from tools.dry_start.capture_plan import capture_plan, resolved_as_by_the_runner
 from vllm.config.compilation import CUDAGraphMode
 from vllm.v1.attention.backend import AttentionCGSupport

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 import pytest
-from launch_testlib import write_profile
 
 from dspark_launch import serving_flags
 from dspark_launch.errors import ConfigError
 from dspark_launch.profile import FLAG_ALIASES, MANAGED_FLAGS, load_profile, managed_flag
+from tests.launch.launch_testlib import write_profile
 
 pytestmark = pytest.mark.each_vllm  # each version's own serve parser
 

@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_testlib import fake_snapshot
 
 from dspark_launch import gid, node_probe
 from dspark_launch.gid import parse_hca_selector, resolve_gid_index
 from dspark_launch.shell import bundled
+from tests.launch.launch_testlib import fake_snapshot
 
 IPV4_GID = "0000:0000:0000:0000:0000:ffff:{}"  # IPv4-mapped GID, e.g. 0a0a:0001 = 10.10.0.1
 

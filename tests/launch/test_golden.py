@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from launch_testlib import API_KEY, HF_TOKEN, REPO, write_yaml
 
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.render import plan_node
 from dspark_launch.site import load_site
+from tests.launch.launch_testlib import API_KEY, HF_TOKEN, REPO, write_yaml
 
 GOLDEN = Path(__file__).parent / "golden"
 SITES = {

@@ -17,21 +17,25 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch_testlib import REPO, write_yaml
 from test_golden import SITES
 
-from dspark_demo.checkpoints.common import build_tokenizer
-from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
+from dspark_fixtures.checkpoints.common import build_tokenizer
+from dspark_fixtures.deepseek_v4_flash import V4_FLASH_CONFIG
 from dspark_launch.lanes import RUNNER_ENV, adaptive_verification_problem
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.render import plan_node
 from dspark_launch.site import load_site
 from tests.helpers import probe_report, start_probe
+from tests.launch.launch_testlib import REPO, write_yaml
 
 TREE_033 = REPO / ".cache" / "vllm-0.33.0"
 PROBE = Path(__file__).with_name("lanes_vllm_probe.py")
 # The compute capabilities the images target: GB10, RTX PRO 6000, B200, B300.
 CAPABILITIES = ("12.1", "12.0", "10.0", "10.3")
+
+
+# vLLM builds the config in a subprocess (lanes_vllm_probe.py).
+pytestmark = pytest.mark.multiproc
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ import stat
 from pathlib import Path
 
 import yaml
-from launch_testlib import API_KEY, HF_TOKEN, FakeCluster, write_profile, write_yaml
+
+from tests.launch.launch_testlib import API_KEY, HF_TOKEN, FakeCluster, write_profile, write_yaml
 
 
 def _all_argv_text(cluster: FakeCluster) -> str:

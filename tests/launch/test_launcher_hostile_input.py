@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import API_KEY, FAKES, FakeCluster, write_profile, write_yaml
 from test_validation import _set, _site
 
 from dspark_launch.profile import managed_flag
+from tests.launch.launch_testlib import API_KEY, FAKES, FakeCluster, write_profile, write_yaml
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from launch_testlib import write_yaml
 
 from dspark_launch import launcher
 from dspark_launch.errors import LaunchError
@@ -22,6 +21,7 @@ from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.runner import Runner
 from dspark_launch.site import load_site
 from tests.helpers import free_port
+from tests.launch.launch_testlib import write_yaml
 
 pytestmark = pytest.mark.multiproc  # two Pythons with torch, as the two ranks
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import API_KEY, REPO, fake_snapshot, write_yaml
 
 from dspark_launch.profile import PROFILES_DIR
 from tests.helpers import free_port, vllm_cli_shim
+from tests.launch.launch_testlib import API_KEY, REPO, fake_snapshot, write_yaml
 
 TINY_PROFILE = "cpu-tiny"
 TINY_MODEL = "dspark-tiny/qwen3-target"
@@ -98,7 +98,7 @@ def _stand_in_venv(tmp_path: Path) -> Path:
 
 
 def _tiny_snapshot(hf_home: Path) -> None:
-    from dspark_demo.checkpoints.qwen3 import build_qwen3_target
+    from dspark_fixtures.checkpoints.qwen3 import build_qwen3_target
 
     repo = hf_home / "hub" / ("models--" + TINY_MODEL.replace("/", "--"))
     build_qwen3_target(repo / "snapshots" / TINY_REVISION)
@@ -164,7 +164,7 @@ def _dspark_installed() -> bool:
 
 def _dspark_profile(tmp_path: Path) -> str:
     """cpu-tiny with DSpark on: a tiny random DSpark draft beside the target."""
-    from dspark_demo.checkpoints.qwen3 import DSparkDraftSpec, save_dspark_draft
+    from dspark_fixtures.checkpoints.qwen3 import DSparkDraftSpec, save_dspark_draft
 
     draft = save_dspark_draft(tmp_path / "draft", DSparkDraftSpec())
     profile = yaml.safe_load((PROFILES_DIR / f"{TINY_PROFILE}.yaml").read_text())

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import FAKES, write_profile, write_yaml
 from test_validation import _site
 
 from dspark_common.operator_input import MAX_PATH_SHOWN, NotReadable, escaped, read_regular, shown
 from dspark_launch.profile import exiting_flag
 from dspark_launch.site import MAX_SECRET_BYTES
+from tests.launch.launch_testlib import FAKES, write_profile, write_yaml
 
 # A line break, a terminal escape that clears the line, and the program's own verdict after it;
 # then every other kind of line break and two more control characters.

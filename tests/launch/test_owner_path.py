@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import REPO, write_yaml
 
 from dspark_launch.render import NodePlan, parse_env_file
+from tests.launch.launch_testlib import REPO, write_yaml
 
 LAUNCHER = REPO / "launch" / "dspark-launch"
 IMAGE_ID = "sha256:" + "c" * 64

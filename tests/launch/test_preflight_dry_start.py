@@ -6,7 +6,7 @@ before any rank runs, with vLLM's reason printed per node."""
 
 from __future__ import annotations
 
-from launch_testlib import write_profile
+from tests.launch.launch_testlib import write_profile
 
 REFUSAL = {
     "step": "engine",

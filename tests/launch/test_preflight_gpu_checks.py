@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import FAKE_REVISION, FakeCluster, write_profile
 
-from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
+from dspark_fixtures.deepseek_v4_flash import V4_FLASH_CONFIG
+from tests.launch.launch_testlib import FAKE_REVISION, FakeCluster, write_profile
 
 # DeepSeek-V4-Flash's own expert format (MXFP4) and FP8 linears.
 V4_MXFP4_CONFIG = {

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG, V4_FP8_LINEARS
+from dspark_fixtures.deepseek_v4_flash import V4_FLASH_CONFIG, V4_FP8_LINEARS
 from dspark_launch import serving_flags
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.shell import bundled

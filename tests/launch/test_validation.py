@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from launch_testlib import FAKE_IMAGE, write_profile, write_yaml
 
 from dspark_launch.errors import ConfigError
 from dspark_launch.profile import PROFILES_DIR, load_profile
 from dspark_launch.site import load_site
+from tests.launch.launch_testlib import FAKE_IMAGE, write_profile, write_yaml
 
 
 def _site(tmp_path: Path) -> dict:
@@ -83,7 +83,7 @@ SITE_RULES = [
 @pytest.fixture
 def check(tmp_path, cli, monkeypatch):
     """Write the site, run preflight with recording fakes, expect exit 2 and `message`."""
-    from launch_testlib import FAKES
+    from tests.launch.launch_testlib import FAKES
 
     log = tmp_path / "commands.log"
     monkeypatch.setenv("PATH", f"{FAKES}:/usr/bin:/bin")

@@ -478,9 +478,12 @@ def test_the_images_copy_every_project_module_the_selftest_imports():
 
     seen: set[Path] = set()
     modules = set().union(*(project_imports(p, seen) for p in PACKAGE.glob("*.py")))
-    assert {"dspark_demo.checkpoints.deepseek_v4_quantised", "dspark_demo.engine"} <= modules
+    assert {
+        "dspark_fixtures.checkpoints.deepseek_v4_quantised",
+        "dspark_fixtures.engine",
+    } <= modules
     packages = {module.split(".")[0] for module in modules}
-    assert packages == {"tools", "dspark_demo"}
+    assert packages == {"tools", "dspark_fixtures"}
     for dockerfile in DOCKERFILES.values():
         copied = {source for sources, _ in read(dockerfile).copies() for source in sources}
         assert {f"{package}/" for package in packages} <= copied, dockerfile.name

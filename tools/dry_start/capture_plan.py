@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import cast
 
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
@@ -77,11 +78,15 @@ def capture_plan(vllm_config: VllmConfig, on_cuda: bool = True) -> CapturePlan:
     mode = vllm_config.compilation_config.cudagraph_mode or CUDAGraphMode.NONE
     target = _capture_passes(vllm_config, mode)
     speculative_config = vllm_config.speculative_config
+    assert speculative_config is not None
     forward: list[int] = []
     if draft_family(speculative_config.draft_model_config) != "deepseek_v4" and on_cuda:
         # Upstream's drafter dispatcher; the runner captures its keys in PIECEWISE passes only.
         drafter = _DrafterKeys(vllm_config)
-        SpecDecodeBaseProposer.initialize_cudagraph_keys(drafter, mode)
+        # Upstream's method on what it reads of a proposer (_DrafterKeys), without a model.
+        SpecDecodeBaseProposer.initialize_cudagraph_keys(
+            cast(SpecDecodeBaseProposer, drafter), mode
+        )
         runner_passes = {pass_mode for pass_mode, _ in target}
         forward = [
             size

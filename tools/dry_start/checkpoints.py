@@ -3,7 +3,7 @@
 """The checkpoints the shipped profiles serve, as an offline Hugging Face cache of their
 `config.json` files, for a dry start on a host that has not downloaded them.
 
-The configs are the published ones (DeepSeek-V4-Flash-0731's from `dspark_demo`; Qwen3-8B's and
+The configs are the published ones (DeepSeek-V4-Flash-0731's from `dspark_fixtures`; Qwen3-8B's and
 DeepSpec's `dspark_qwen3_8b_block7`, which DeepSpec's `build_draft_config` derives from it with
 the release's draft arguments). The tokenizer is a stand-in holding the special tokens vLLM's
 reasoning and tool parsers look up; a dry start never tokenizes text. Preflight reads the node's
@@ -16,7 +16,7 @@ import copy
 import json
 from pathlib import Path
 
-from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
+from dspark_fixtures.deepseek_v4_flash import V4_FLASH_CONFIG
 
 QWEN3_8B_CONFIG: dict = {
     "architectures": ["Qwen3ForCausalLM"],

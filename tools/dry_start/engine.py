@@ -49,6 +49,7 @@ import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from dspark_common.operator_input import escaped
 from dspark_common.vllm_flags import closest_flags
@@ -448,7 +449,7 @@ def dry_platform(base: type | None = None) -> type:
 
     base = base or type(vllm.platforms.current_platform)
 
-    class DryStartPlatform(base):
+    class DryStartPlatform(base):  # type: ignore[valid-type,misc]  # a base chosen at run time
         @classmethod
         @override
         def get_current_memory_usage(cls, device=None) -> float:
@@ -499,7 +500,8 @@ def dry_device(
             *device_queries,
         ]:
             stack.enter_context(mock.patch.object(owner, name, value))
-        stack.enter_context(other_ranks_and_inspection(layout := []))
+        layout: list = []
+        stack.enter_context(other_ranks_and_inspection(layout))
         yield layout
 
 
@@ -674,6 +676,7 @@ def check_kernel_code(report: Report, config, core, kernel_code) -> None:
         return
     runner = core.model_executor.driver_worker.worker.model_runner
     capability = current_platform.get_device_capability()
+    assert capability is not None, "install_platform answers the device's capability"
     device = (capability.major, capability.minor)
     with step("kernels"):
         uses = list(kernels.launched(config, runner))
@@ -725,7 +728,7 @@ CHOICE_ATTRIBUTES = ("mxfp4_backend", "nvfp4_backend", "fp8_backend", "experts_c
 
 def _name(obj) -> str:
     cls = obj if isinstance(obj, type) else type(obj)
-    return getattr(obj, "name", None) if isinstance(obj, enum.Enum) else cls.__name__
+    return obj.name if isinstance(obj, enum.Enum) else cls.__name__
 
 
 def _gib(nbytes: int) -> str:
@@ -749,7 +752,7 @@ def _module_storages(module) -> dict[int, int]:
     return _storages([*module.parameters(), *module.buffers()])
 
 
-def device_tensors(obj, path: str, depth: int = 3) -> Iterator[tuple[str, object]]:
+def device_tensors(obj, path: str, depth: int = 3) -> Iterator[tuple[str, Any]]:
     """The tensors a DSpark object holds (not a module's weights), by attribute path."""
     import torch
 
@@ -774,8 +777,8 @@ def describe_engine(report: Report, config, core) -> None:
     runner = worker.model_runner
     target = _unwrap(runner.get_model())
     report.decide("model", "target", _name(target))
-    layers = get_layers_from_vllm_config(config, AttentionLayerBase)
-    attention = Counter()
+    layers = get_layers_from_vllm_config(config, AttentionLayerBase)  # type: ignore[type-abstract]
+    attention: Counter[tuple[str, str, str]] = Counter()
     for layer in layers.values():
         spec = layer.get_kv_cache_spec(config)
         layout = (
@@ -785,9 +788,9 @@ def describe_engine(report: Report, config, core) -> None:
             else "no KV cache"
         )
         attention[(_name(layer), layer.get_attn_backend().get_name(), layout)] += 1
-    for (layer, backend, layout), count in attention.items():
-        report.decide("model", f"attention {layer} x{count}", f"{backend}: {layout}")
-    methods = Counter()
+    for (layer_name, backend, layout), count in attention.items():
+        report.decide("model", f"attention {layer_name} x{count}", f"{backend}: {layout}")
+    methods: Counter[tuple[str, str, str]] = Counter()
     for module in target.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
@@ -797,9 +800,11 @@ def describe_engine(report: Report, config, core) -> None:
                 if getattr(method, name, None) is not None
             ]
             methods[(_name(module), _name(method), ", ".join(choices))] += 1
-    for (module, method, choices), count in methods.items():
+    for (module_name, method_name, chosen), count in methods.items():
         report.decide(
-            "model", f"{module} x{count}", f"{method}" + (f" ({choices})" if choices else "")
+            "model",
+            f"{module_name} x{count}",
+            method_name + (f" ({chosen})" if chosen else ""),
         )
     describe_draft(report, runner, target)
     describe_memory(report, config, worker, runner)

@@ -54,7 +54,7 @@ class Jit:
 
 CORE = Library("vLLM _C", r"vllm/_C(_\w+)?\.abi3\.so")
 MOE = Library("vLLM _moe_C", r"vllm/_moe_C(_\w+)?\.abi3\.so")
-FLASH_ATTN = {
+FLASH_ATTN: dict[int, Library | Jit] = {
     2: Library("FlashAttention 2", r"vllm/vllm_flash_attn/_vllm_fa2_C\.abi3\.so"),
     3: Library("FlashAttention 3", r"vllm/vllm_flash_attn/_vllm_fa3_C\.abi3\.so"),
     4: Jit("FlashAttention 4 (CuTe DSL)", "CuTe DSL compiles it in-process (CUTE_DSL_CACHE_DIR)"),
@@ -164,7 +164,8 @@ def launched(config, runner) -> Iterator[tuple[str, Library | Jit | None]]:
     from vllm.config import get_layers_from_vllm_config
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-    for layer in get_layers_from_vllm_config(config, AttentionLayerBase).values():
+    layers = get_layers_from_vllm_config(config, AttentionLayerBase)  # type: ignore[type-abstract]
+    for layer in layers.values():
         backend = layer.get_attn_backend().get_name()
         version = getattr(getattr(layer, "impl", None), "vllm_flash_attn_version", None)
         if backend.startswith("FLASH_ATTN") and version in FLASH_ATTN:

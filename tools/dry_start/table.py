@@ -206,8 +206,9 @@ class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec):
         module = types.ModuleType(spec.name)
         module.__path__ = []
-        module.__version__ = self.packages.get(spec.name.split(".")[0], "")
-        module.__getattr__ = _placeholder
+        vars(module).update(
+            __version__=self.packages.get(spec.name.split(".")[0], ""), __getattr__=_placeholder
+        )
         return module
 
     def exec_module(self, module) -> None:
@@ -383,7 +384,8 @@ def _table_platform(device: Device) -> type:
     from vllm.platforms.cuda import CudaPlatform
     from vllm.platforms.interface import DeviceCapability
 
-    class TableCudaPlatform(CudaPlatform):
+    # vllm.platforms.cuda picks CudaPlatform's class at import (NVML or not): a variable to mypy.
+    class TableCudaPlatform(CudaPlatform):  # type: ignore[valid-type,misc]
         """vLLM's CUDA platform, its device queries answered from the table."""
 
         @classmethod

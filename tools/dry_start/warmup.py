@@ -176,7 +176,7 @@ def walk(worker) -> list[Step]:
                 lambda device: None,
             )
         )
-        type(worker).__mro__[1].compile_or_warm_up_model(worker)  # vLLM's, not the dry one's
+        super(type(worker), worker).compile_or_warm_up_model()  # vLLM's, not the dry one's
     return steps
 
 

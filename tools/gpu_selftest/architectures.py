@@ -166,7 +166,9 @@ def shared_objects(build: VllmBuild) -> dict[str, Path]:
     binaries = {p: build.root / p for p in build.files if p.endswith(".so")}
     for package in ("flashinfer", "flashinfer_jit_cache"):
         root = package_root(package)
-        for path in sorted(root.glob("**/*.so")) if root else ():
+        if root is None:
+            continue
+        for path in sorted(root.glob("**/*.so")):
             binaries[f"{package}/{path.relative_to(root)}"] = path
     return binaries
 

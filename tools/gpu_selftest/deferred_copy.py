@@ -39,6 +39,7 @@ def deferred_copy_run(fresh: bool, steps: int = 8, size: int = 1 << 16) -> list[
         if pending is not None:
             consume(*pending)
         pending = (step, device_tensor, done)
+    assert pending is not None, "steps >= 1"
     consume(*pending)
     torch.cuda.synchronize()
     return wrong

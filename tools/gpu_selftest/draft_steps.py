@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Iterator
+from unittest import mock
 
 from tools.gpu_selftest.graph_events import DRAFT, REPLAY, GraphEvents
 
@@ -34,6 +35,7 @@ class DraftSteps:
 
         drafter = runner.drafter
         propose, replay = drafter.propose, RequestGraphs._replay
+        patches = contextlib.ExitStack()
 
         def counted_replay(graphs, *args, **kwargs):
             before = self.events.counts[DRAFT, REPLAY]
@@ -51,13 +53,10 @@ class DraftSteps:
             self.full[key] += self._replayed
             return result
 
-        drafter.propose = counted_propose
-        RequestGraphs._replay = counted_replay
-        try:
+        with patches:
+            patches.enter_context(mock.patch.object(drafter, "propose", counted_propose))
+            patches.enter_context(mock.patch.object(RequestGraphs, "_replay", counted_replay))
             yield self
-        finally:
-            del drafter.propose
-            RequestGraphs._replay = replay
 
     def as_json(self) -> list[dict]:
         return [

@@ -79,7 +79,7 @@ def run(spec: EngineSpec) -> dict:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if spec.runner == "v2" else "0"
     import torch
 
-    from dspark_demo.engine import TinyEngine
+    from dspark_fixtures.engine import TinyEngine
 
     on_cuda = torch.cuda.is_available()
     engine_args: dict = {

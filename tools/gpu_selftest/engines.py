@@ -41,7 +41,7 @@ PROJECT = Path(__file__).resolve().parents[2]
 
 def qwen3_pair(root: Path) -> tuple[str, str | None, str]:
     """(target, draft, dtype) of the Qwen3 check."""
-    from dspark_demo.checkpoints import qwen3
+    from dspark_fixtures.checkpoints import qwen3
 
     target = qwen3.build_qwen3_target(root / "target", kind="bigram")
     spec = qwen3.DSparkDraftSpec(markov_rank=qwen3.HIDDEN_SIZE)
@@ -56,14 +56,14 @@ V4_HEADS_PER_RANK = 32
 
 
 def deepseek_v4_config() -> dict:
-    from dspark_demo.checkpoints.deepseek_v4_quantised import QUANTISED_V4_CONFIG
+    from dspark_fixtures.checkpoints.deepseek_v4_quantised import QUANTISED_V4_CONFIG
 
     return {**QUANTISED_V4_CONFIG, "num_attention_heads": V4_HEADS_PER_RANK}
 
 
 def deepseek_v4_target(root: Path) -> tuple[str, str | None, str]:
     """(target with its `mtp.*` draft, no separate draft, dtype) of the DeepSeek-V4 check."""
-    from dspark_demo.checkpoints import deepseek_v4, deepseek_v4_quantised
+    from dspark_fixtures.checkpoints import deepseek_v4, deepseek_v4_quantised
 
     config = deepseek_v4_config()
     shipped, _ = deepseek_v4_quantised.quantise_v4_checkpoint(
@@ -80,7 +80,7 @@ def qwen3_prompts() -> list[list[int]]:
 
 def deepseek_v4_prompts() -> list[list[int]]:
     """Longer than the oracle's period, so that its drafts read the ring and are accepted."""
-    from dspark_demo.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
+    from dspark_fixtures.checkpoints.deepseek_v4 import PERIOD, cycle_prompt
 
     return [cycle_prompt(10 + PERIOD * i, 48 + 8 * i) for i in range(4)]
 

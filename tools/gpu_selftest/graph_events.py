@@ -18,6 +18,7 @@ import contextlib
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from types import FrameType
 
 DRAFT, TARGET = "draft", "target"
 CAPTURE, REPLAY = "capture", "replay"
@@ -33,7 +34,7 @@ class GraphEvents:
 
     def owner(self) -> str:
         """DRAFT when a drafter's method is on the caller's stack, else TARGET."""
-        frame = sys._getframe(1)
+        frame: FrameType | None = sys._getframe(1)
         while frame is not None:
             if isinstance(frame.f_locals.get("self"), self.drafter_types):
                 return DRAFT

@@ -54,6 +54,7 @@ def draft_graph_sizes(
     ``speculative_config.enforce_eager``, with a target that captures nothing (mode NONE), or
     off CUDA."""
     speculative_config = vllm_config.speculative_config
+    assert speculative_config is not None
     if speculative_config.enforce_eager or not on_cuda or cudagraph_mode == CUDAGraphMode.NONE:
         return []
     query_len = vllm_config.uniform_decode_query_len
@@ -169,7 +170,7 @@ class RequestGraphs(ABC):
         return sorted(
             descriptor.num_reqs
             for descriptor, entry in self._graphs[sampled].concrete_cudagraph_entries.items()
-            if entry.cudagraph is not None
+            if entry.cudagraph is not None and descriptor.num_reqs is not None
         )
 
     def padded_size(self, num_requests: int, sampled: bool = False) -> int | None:
@@ -211,7 +212,9 @@ class RequestGraphs(ABC):
         self._load(num_requests, size, sampling_metadata)
         sampled = sampling_metadata is not None
         with self._context(size, CUDAGraphMode.FULL):
-            confidence = [t[:num_requests] for t in self._graphs[sampled](size)]
+            replayed = self._graphs[sampled](size)
+        assert replayed is not None
+        confidence = [t[:num_requests] for t in replayed]
         drafts = self._draft_tokens[:num_requests]
         probs = None
         if sampled:

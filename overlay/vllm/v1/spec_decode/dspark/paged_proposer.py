@@ -18,6 +18,7 @@ per padded request count (``cudagraph.ChainGraphs``).
 
 import copy
 import gc
+from typing import cast
 
 import torch
 from torch import nn
@@ -27,7 +28,7 @@ from vllm.compilation.backends import set_model_tag
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.logger import init_logger
-from vllm.model_executor.model_loader import get_model_loader
+from vllm.model_executor.model_loader import DefaultModelLoader, get_model_loader
 from vllm.model_executor.model_loader.utils import get_draft_load_config
 from vllm.model_executor.models.utils import process_eagle_weight
 from vllm.platforms import current_platform
@@ -91,6 +92,8 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
         loader = get_model_loader(get_draft_load_config(draft_vllm_config))
         checkpoint, shipped = reads_checkpoint(loader), []
         if checkpoint:
+            # A loader that reads the checkpoint's files: vLLM's DefaultModelLoader.
+            loader = cast(DefaultModelLoader, loader)
             read_all_weights = loader.get_all_weights
 
             def named_weights(*args):
@@ -98,7 +101,7 @@ class DSparkPagedProposer(DSparkProposerMixin, DFlashProposer):
                     shipped.append(name)
                     yield name, tensor
 
-            loader.get_all_weights = named_weights
+            loader.get_all_weights = named_weights  # type: ignore[method-assign]  # this load only
         with set_model_tag("eagle_head"):
             model = loader.load_model(
                 vllm_config=draft_vllm_config,

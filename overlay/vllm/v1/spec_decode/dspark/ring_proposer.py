@@ -82,9 +82,6 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         super().__init__(vllm_config, device, runner)
         self._init_dspark(spec, runner)
         self._slot_table = SlotTable(self.max_batch_size)
-        # Short names for the table's state (the same dict and heap list).
-        self._req_id_to_slot = self._slot_table.req_id_to_slot
-        self._free_slots = self._slot_table.free_slots
         for name in _UNUSED_BASE_BUFFERS:
             buffer = getattr(self, name, None)
             if buffer is not None:
@@ -270,8 +267,8 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         target_hidden_states: torch.Tensor,
         next_token_ids: torch.Tensor,
         token_indices_to_sample: torch.Tensor | None,
-        sampling_metadata: SamplingMetadata,
         common_attn_metadata: CommonAttentionMetadata,
+        sampling_metadata: SamplingMetadata,
         mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | None = None,
         num_rejected_tokens_gpu: torch.Tensor | None = None,
         slot_mappings: dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None = None,
@@ -279,7 +276,7 @@ class DSparkRingProposer(DSparkProposerMixin, EagleProposer):
         assert self._drafter is not None, "load_model() must run before propose()"
         req_ids = self._runner.input_batch.req_ids
         live_requests = self._runner.requests
-        if len(self._req_id_to_slot) > len(live_requests):
+        if len(self._slot_table.req_id_to_slot) > len(live_requests):
             # Safety net for finishes the release hook did not see.
             self._slot_table.reconcile(live_requests.keys())
         num_requests = len(req_ids)

@@ -2,8 +2,8 @@
 # SPDX-FileCopyrightText: Copyright contributors to the vLLM project
 """Validated view of the DeepSeek-V4 checkpoint fields the DSpark draft reads.
 
-The checkpoint's ``config.json`` is the only description of the draft, and the reference recipe
-never validated it, so every field is checked once at load; a bad value fails naming the field.
+The checkpoint's ``config.json`` is the only description of the draft, so every field is
+checked once at load; a bad value fails naming the field.
 Types and ranges are pydantic's, as vLLM validates its own configs; the rules that span fields
 are ``_check_geometry``.
 """

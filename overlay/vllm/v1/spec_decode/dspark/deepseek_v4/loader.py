@@ -3,8 +3,8 @@
 """Strict loader for the DeepSeek-V4 DSpark draft stored as ``mtp.{s}.*`` in the target checkpoint.
 
 A check around upstream's remap. Every draft tensor the config implies must be present and every
-``mtp.*`` name understood, or start-up fails naming the tensors (the reference recipe skipped
-unknown names, which silently dropped the shared experts' w1/w3 and halved decode speed). Names
+``mtp.*`` name understood, or start-up fails naming the tensors (a loader that skips
+unknown names silently drops the shared experts' w1/w3). Names
 then go through upstream's ``DSparkDeepseekV4ForCausalLM._remap_dspark_name`` onto a draft laid
 out with upstream's names, and through upstream's per-tensor rules (stacked ``fused_wqa_wkv`` and
 ``gate_up_proj``, ``w2 -> down_proj``, ``gate.bias -> e_score_correction_bias``, this rank's

@@ -209,7 +209,7 @@ def run_batches(
     the draft steps counted by mode and the replays; and every logged draft."""
     import torch
 
-    from dspark_demo.engine import read_draft_log
+    from dspark_fixtures.engine import read_draft_log
     from vllm import SamplingParams
 
     runs: dict = {}

@@ -22,9 +22,9 @@ import re
 import torch
 from torch import Tensor
 
-from dspark_demo.checkpoints import deepseek_v4
-from dspark_demo.checkpoints.deepseek_v4 import TINY_V4_CONFIG
-from dspark_demo.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
+from dspark_fixtures.checkpoints import deepseek_v4
+from dspark_fixtures.checkpoints.deepseek_v4 import TINY_V4_CONFIG
+from dspark_fixtures.deepseek_v4_flash import FP8_BLOCK, MXFP4_GROUP, V4_FLASH_CONFIG
 
 FP8_MAX = 448.0
 E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])

@@ -135,7 +135,7 @@ def install_standins() -> None:
     kernels. Run by the test session, and in each tensor-parallel worker process
     as a ``vllm.general_plugins`` entry point (``test_v4_tensor_parallel.py``); a second call
     finds the C++ ops present and registers none."""
-    from tests.engine_v4 import cpp_standins, quant_standins
+    from dspark_fixtures import cpp_standins, quant_standins
 
     cpp_standins.install_cpp_standins(cpp_standins.missing_cpp_ops())
     quant_standins.install_quant_standins()

@@ -3,7 +3,7 @@
 """The published DeepSeek-V4-Flash config: one source for the tiny V4 target, the memory
 benchmark and the launcher's serving-flag tests.
 
-Values from its config.json (reference notes, dspark-algorithm.md section 2). Torch-free, so that
+Values from the config.json of deepseek-ai/DeepSeek-V4-Flash. Torch-free, so that
 launcher tests read it without importing torch.
 """
 

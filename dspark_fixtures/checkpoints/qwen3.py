@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_demo.checkpoints.common import (
+from dspark_fixtures.checkpoints.common import (
     HEAD_DIM,
     HIDDEN_SIZE,
     INTERMEDIATE_SIZE,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_demo.checkpoints.common import (
+from dspark_fixtures.checkpoints.common import (
     HEAD_DIM,
     HIDDEN_SIZE,
     INTERMEDIATE_SIZE,
@@ -24,7 +24,7 @@ from dspark_demo.checkpoints.common import (
     build_tokenizer,
     trained_norm,
 )
-from dspark_demo.checkpoints.qwen3 import (
+from dspark_fixtures.checkpoints.qwen3 import (
     AttentionGeometry,
     DSparkDraftSpec,
     random_dspark_weights,

@@ -3,7 +3,7 @@
 """A tiny DeepSeek-V4 target whose checkpoint carries its DSpark draft as ``mtp.*``.
 
 Config keys and tensor names are those DeepSeek-V4-Flash ships (the config starts from the
-published one, ``dspark_demo.deepseek_v4_flash.V4_FLASH_CONFIG``; tensors ``embed.weight``,
+published one, ``dspark_fixtures.deepseek_v4_flash.V4_FLASH_CONFIG``; tensors ``embed.weight``,
 ``layers.{i}.attn.wq_a.weight``, ``mtp.{s}.ffn.experts.{e}.w1.weight``, ...); sizes are cut down
 except ``head_dim`` 512 and ``qk_rope_head_dim`` 64, which vLLM's DeepSeek-V4 CPU kernels require.
 """
@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
-from dspark_demo.checkpoints.common import NOISE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
-from dspark_demo.deepseek_v4_flash import V4_FLASH_CONFIG
+from dspark_fixtures.checkpoints.common import NOISE_TOKEN_ID, VOCAB_SIZE, build_tokenizer
+from dspark_fixtures.deepseek_v4_flash import V4_FLASH_CONFIG
 
 # The published DeepSeek-V4-Flash config, cut down: every key it ships, unquantised, 2 layers
 # without compression or hash routing, 64 experts (the fewest ``biased_topk_cpu`` takes).
