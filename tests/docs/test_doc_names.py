@@ -152,7 +152,7 @@ def path_problem(doc: Path, text: str, *, link: bool) -> str | None:
     if link and path.endswith(FILE_SUFFIXES):  # relative to the document
         return None if (doc.parent / path).exists() else f"({text}): no such file"
     if len(parts) > 1 and path.endswith(FILE_SUFFIXES) and parts[0] in known_folders():
-        # a tail such as dspark/block.py
+        # a tail such as dspark/spec.py
         found = any(name.endswith("/" + path) for name in known_files())
         return None if found else f"`{text}`: no repository or vLLM file ends so"
     return None
@@ -187,7 +187,7 @@ def test_a_misnamed_file_module_or_link_is_found(tmp_path):
         "`tools/dry_start/engine.py`, `tools/no_such_tool.py`, `tools.dry_start`, "
         "`tools.dry_startt`, `dspark_fixtures.engine.TinyEngine`, `dspark_fixtures.engine.NoSuch`, "
         "`vllm.v1.spec_decode.dspark.checks`, `vllm/v1/spec_decode/no_such.py`, "
-        "`overlay/.../dspark/checks.py`, `overlay/.../dspark/no_such.py`, `dspark/block.py`, "
+        "`overlay/.../dspark/checks.py`, `overlay/.../dspark/no_such.py`, `dspark/spec.py`, "
         "`dspark/no_such.py`, `tools.dry_start.engine.refusal(x)`, "
         "`tools.dry_start.no_such(argv)`, "
         "[a](missing-notes.md), [b](https://example.com/x.md), `make test-fast`\n"

@@ -13,7 +13,7 @@ A request that starts from a prefix-cache hit fills its ring from the recomputed
 the hit must leave at least the window W to recompute. V1's own margin does not: with V4's 64-token
 hash blocks a 540-token prompt extending a cached 530-token one hits 448 tokens, 92 recomputed.
 ``patches/*/scheduler.patch`` and ``kv-cache-manager.patch`` cap the hit at the prompt length less
-W (``dspark_proposer.prefix_hit_recompute_tokens``). ``window_shortfalls`` checks the ring itself:
+W (``dspark.spec.prefix_hit_recompute_tokens``). ``window_shortfalls`` checks the ring itself:
 after every draft step, how many of the last W positions (up to the anchor) each request's slot
 lacks.
 """

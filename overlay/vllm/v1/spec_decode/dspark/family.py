@@ -40,14 +40,3 @@ def draft_family(draft_model_config: Any) -> DraftFamily:
         f"it declares {architectures}. Use a DeepSeek-V4 DSpark checkpoint or a Qwen3 or "
         f"Gemma-4 DSpark draft ({', '.join(_PAGED_ARCHITECTURES)})."
     )
-
-
-def prefix_hit_recompute_tokens(vllm_config: Any) -> int:
-    """How many tokens a prefix-cache hit must leave the target to recompute (the scheduler's
-    patch asks): the draft spec's answer for DSpark, vLLM's 1 otherwise."""
-    speculative_config = vllm_config.speculative_config
-    if speculative_config is None or not speculative_config.use_dspark():
-        return 1
-    from vllm.v1.spec_decode.dspark.spec import draft_spec
-
-    return draft_spec(vllm_config).prefix_hit_recompute_tokens

@@ -72,3 +72,12 @@ def draft_spec(vllm_config) -> DSparkDraftSpec:
     spec = vllm_config.speculative_config.dspark_draft
     assert spec is not None, "VllmConfig's validation builds the DSpark draft spec"
     return spec
+
+
+def prefix_hit_recompute_tokens(vllm_config) -> int:
+    """How many tokens a prefix-cache hit must leave the target to recompute (the scheduler's
+    patch asks): the draft spec's answer for DSpark, vLLM's 1 otherwise."""
+    speculative_config = vllm_config.speculative_config
+    if speculative_config is None or not speculative_config.use_dspark():
+        return 1
+    return draft_spec(vllm_config).prefix_hit_recompute_tokens
