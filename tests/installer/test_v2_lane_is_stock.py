@@ -25,6 +25,7 @@ V1_ONLY_FIELDS = {
     "dspark_confidence_scheduler": "off",
     "dspark_confidence_threshold": None,
     "dspark_draft_log": None,
+    "dspark_draft": None,  # the V1 draft spec, which V2 never builds
 }
 
 

@@ -177,6 +177,10 @@ report["speculator"] = {
     "class": type(speculator).__name__,
     "num_query_per_req": speculator.num_query_per_req,
 }
+# Read before the refusals below: a refused config may import the overlay's message helpers.
+overlay = yaml.safe_load((project / "recipe" / "pins.yaml").read_text())["overlay"]
+modules = {path.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for path in overlay}
+report["overlay_modules_imported"] = sorted(modules.intersection(sys.modules))
 report["refusals"] = {}
 for name, options in {
     "v1_confidence_scheduler": {
@@ -190,7 +194,4 @@ for name, options in {
         report["refusals"][name] = None
     except Exception as error:
         report["refusals"][name] = last_line(error)
-overlay = yaml.safe_load((project / "recipe" / "pins.yaml").read_text())["overlay"]
-modules = {path.removesuffix(".py").removesuffix("/__init__").replace("/", ".") for path in overlay}
-report["overlay_modules_imported"] = sorted(modules.intersection(sys.modules))
 print("PROBE " + json.dumps(report))

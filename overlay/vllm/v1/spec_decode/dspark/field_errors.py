@@ -11,10 +11,9 @@ Kept free of torch and model imports.
 
 import dataclasses
 import difflib
-import functools
 import re
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -54,22 +53,12 @@ def speculative_config_error(error: ValidationError, config_class: type) -> str:
 REFUSAL = "DSpark refused the configuration: "
 """How every DSpark refusal of a configuration begins."""
 
-_Config = TypeVar("_Config")
 
-
-def refusals_in_one_line(config_class: Callable[..., _Config]) -> Callable[..., _Config]:
-    """``config_class`` (``VllmConfig``) whose validation raises a DSpark refusal as the
-    ``ValueError`` it is, rather than inside pydantic's multi-line ``ValidationError``."""
-
-    @functools.wraps(config_class)
-    def build(*args: Any, **kwargs: Any) -> _Config:
-        try:
-            return config_class(*args, **kwargs)
-        except ValidationError as error:
-            for item in error.errors():
-                cause = item.get("ctx", {}).get("error")
-                if isinstance(cause, ValueError) and str(cause).startswith(REFUSAL):
-                    raise ValueError(str(cause)) from None
-            raise
-
-    return build
+def refusal_in_one_line(error: ValidationError) -> ValueError | None:
+    """The DSpark refusal that pydantic's ``error`` (from ``VllmConfig``'s validation) wraps,
+    as the one-line ``ValueError`` it is; None when it wraps none."""
+    for item in error.errors():
+        cause = item.get("ctx", {}).get("error")
+        if isinstance(cause, ValueError) and str(cause).startswith(REFUSAL):
+            return ValueError(str(cause))
+    return None
