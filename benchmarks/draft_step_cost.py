@@ -4,7 +4,7 @@
 
     .venv/bin/python -m benchmarks.draft_step_cost [--k 4 7] [--batch 1 4 32] [--padded 3]
         [--families paged ring] [--draft-sample-method greedy probabilistic]
-        [--confidence on off] [--json PATH]
+        [--confidence on off] [--markov-chain one-launch|per-position] [--json PATH]
 
 Launches are counted on tiny engines, where only the number of ops matters; FLOPs, bytes and a
 modelled time come from the real sizes of the shipped drafts (``draft_step_model``).
@@ -26,7 +26,8 @@ dispatch mode that counts, per dispatched op:
 Each count is split by where the op runs on CUDA: inside a CUDA graph or eagerly around it.
 Greedy and sampled chains take the fused Markov kernels as on CUDA (``markov_kernel``): each of
 their Triton launches counts as one (the kernels are recorded, not run, on this CPU; the drafts
-and distributions come from the same sums in torch). DSpark's proposers plan, capture and
+and distributions come from the same sums in torch), the one-launch chain by default, one launch
+a position with ``--markov-chain per-position``. DSpark's proposers plan, capture and
 replay their FULL graphs as on CUDA, each graph replaced by its own function
 (``dspark_fixtures/cuda_graphs.py``): what a replay runs counts as graph, the copies into the
 graphs' fixed inputs and out of their outputs as eager.
@@ -292,12 +293,18 @@ class _RecordedKernel:
         return lambda *args, **kwargs: self._counter.count_kernel(f"triton::{self._name}")
 
 
+# Programs GB10 keeps resident in the one-launch chain: its 48 multiprocessors' largest power of
+# two (``markov_kernel.prepare``). The count of launches does not depend on it.
+RESIDENT_PROGRAMS = 32
+
+
 @contextlib.contextmanager
-def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
+def fused_markov_chain(counter: StepCounter, one_launch: bool) -> Iterator[None]:
     """The Markov chain as it runs where Triton does: ``markov_kernel``'s launchers, each launch
     of their kernels counted; the drafts (and the distributions of sampled ones) they write come
     from the same sums in torch, with nothing counted (``tests/dspark/test_markov_kernel.py``
-    shows the two draft the same)."""
+    shows the two draft the same). ``one_launch``: as on a CUDA device where
+    ``markov_kernel.prepare`` turned the one-launch chain on; else one launch a position."""
     from torch.nn import functional
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -312,7 +319,7 @@ def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
     def launched(name: str):
         def launch(base_logits, anchor_tokens, w1, w2, drafts, *sampling) -> None:
             with pytest.MonkeyPatch.context() as kernels:
-                for kernel in ("_step_kernel", "_last_kernel"):
+                for kernel in ("_chain_kernel", "_step_kernel", "_last_kernel"):
                     kernels.setattr(markov_kernel, kernel, _RecordedKernel(counter, kernel))
                 launchers[name](base_logits, anchor_tokens, w1, w2, drafts, *sampling)
             with _disable_current_modes():
@@ -338,6 +345,10 @@ def fused_markov_chain(counter: StepCounter) -> Iterator[None]:
         monkeypatch.setattr(markov, "fused_kernels_run_on", lambda tensor: True)
         for name in launchers:
             monkeypatch.setattr(markov_kernel, name, launched(name))
+        if one_launch:
+            semaphores = torch.zeros(markov_kernel.MAX_TILES, dtype=torch.uint32)
+            chain = markov_kernel.WholeChain(semaphores, RESIDENT_PROGRAMS)
+            monkeypatch.setitem(markov_kernel._whole_chains, torch.device("cpu"), chain)
         yield
 
 
@@ -440,7 +451,9 @@ def measure_propose(
     assert len(calls) >= MEASURED_STEP, "the run ended before the measured step"
 
 
-def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
+def measure_step(
+    engine: TinyEngine, batch: int, temperature: float, one_launch_chain: bool
+) -> Cost:
     """The counts of the ``MEASURED_STEP``-th ``propose()`` of a batch of identical prompts."""
     runner = engine.model_runner
     drafter = runner.drafter
@@ -455,7 +468,7 @@ def measure_step(engine: TinyEngine, batch: int, temperature: float) -> Cost:
             graphed(counter, drafter),
             custom_ops_as_one_launch(counter, drafter.model),
             dspark_parts_marked(counter, drafter),
-            fused_markov_chain(counter),
+            fused_markov_chain(counter, one_launch_chain),
         ):
             yield
 
@@ -549,7 +562,9 @@ def measure(args: argparse.Namespace, root: Path) -> dict[Key, Cost]:
                     if name.startswith("dspark"):
                         capture(engine)
                     for batch in batches:
-                        costs[sample, name, k, batch] = measure_step(engine, batch, temperature)
+                        costs[sample, name, k, batch] = measure_step(
+                            engine, batch, temperature, args.markov_chain == "one-launch"
+                        )
     return costs
 
 
@@ -745,6 +760,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=CONTEXT,
         help="context tokens per request (what attention reads)",
+    )
+    parser.add_argument(
+        "--markov-chain",
+        choices=["one-launch", "per-position"],
+        default="one-launch",
+        help="how the fused chain's positions meet: one cooperative launch (CUDA, once "
+        "markov_kernel.prepare's check passed) or one launch a position (where it did not)",
     )
     parser.add_argument(
         "--json", type=Path, metavar="PATH", help="also write the ratios to PATH as JSON"

@@ -184,7 +184,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[Key, dict]:
             TinyEngine(target, config, max_num_seqs=batch) as engine,
         ):
             capture(engine)
-            costs[family, k, batch, V1] = cost_json(measure_step(engine, batch, 0.0))
+            costs[family, k, batch, V1] = cost_json(measure_step(engine, batch, 0.0, True))
     stdout, stderr = worker.communicate()
     lines = [line for line in stdout.splitlines() if line.startswith("PROBE ")]
     if worker.returncode or not lines:

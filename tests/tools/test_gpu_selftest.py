@@ -65,9 +65,9 @@ def test_runs_on_cpu_skipping_only_what_needs_cuda(report):
     assert report["returncode"] == selftest.NO_GPU == 3, report["verdict"]
     assert report["ok"] is False and report["gpu"] is False
     assert report["verdict"] == (
-        "NO GPU: nothing proved on a GPU (4 passed on this CPU, 4 skipped); run it where the GPU is"
+        "NO GPU: nothing proved on a GPU (4 passed on this CPU, 5 skipped); run it where the GPU is"
     )
-    for name in ("device", "deferred_copy"):
+    for name in ("device", "deferred_copy", "markov_chain"):
         assert checks[name]["status"] == "skipped" and checks[name]["detail"] == "needs CUDA"
     assert checks["architectures"]["detail"].startswith("needs CUDA")
     assert checks["ring"]["status"] == "passed"
@@ -110,7 +110,7 @@ def test_the_v2_lane_skips_the_v1_checks_and_needs_cuda_for_its_engines(capsys):
     answer = json.loads(capsys.readouterr().out)
     checks = by_name(answer)
     assert answer["runner"] == "v2"
-    for name in ("ring", "deferred_copy", "draft_state"):
+    for name in ("ring", "deferred_copy", "markov_chain", "draft_state"):
         assert checks[name]["status"] == "skipped" and "V1 lane only" in checks[name]["detail"]
     for name in ("engine_qwen3", "engine_deepseek_v4"):
         assert checks[name]["detail"] == (

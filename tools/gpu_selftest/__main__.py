@@ -20,6 +20,8 @@ Checks (one module each):
   needs CUDA);
 - rms_norm: vLLM's `ops.rms_norm` with a stacked `[L, head_dim]` weight, which the Qwen3 draft's
   context K-norm fuses on CUDA: row 0 for every layer fails on CUDA;
+- markov_chain: the fused Markov kernels at the Qwen3-8B draft's size against the torch chain,
+  the one-launch chain's start-up check, and the time of each per chain (V1, needs CUDA);
 - draft_state: the DeepSeek-V4 ring's bytes at the serving profile's sizes (V1);
 - engine_qwen3, engine_deepseek_v4: real engines on tiny local checkpoints, with and without
   DSpark: lossless, and on CUDA draft CUDA graphs captured, replayed and equal to eager drafting,
@@ -41,6 +43,7 @@ from tools.gpu_selftest import engines
 from tools.gpu_selftest.architectures import check_architectures, check_device
 from tools.gpu_selftest.deferred_copy import check_deferred_copy
 from tools.gpu_selftest.draft_state import SPARK_MAX_NUM_SEQS, check_draft_state
+from tools.gpu_selftest.markov_chain import check_markov_chain
 from tools.gpu_selftest.report import (
     FAILED,
     NEEDS_CUDA,
@@ -59,6 +62,7 @@ CHECKS = (
     Check("ring", "cpu; cuda for the device comparison", check_ring, v1_only=True),
     Check("deferred_copy", "cuda", check_deferred_copy, cuda_only=True, v1_only=True),
     Check("rms_norm", "vllm's _C (cpu or cuda)", check_rms_norm),
+    Check("markov_chain", "cuda", check_markov_chain, cuda_only=True, v1_only=True),
     Check("draft_state", "cpu or cuda", check_draft_state, v1_only=True),
     Check(
         "engine_qwen3",

@@ -22,8 +22,9 @@ config and both implemented as upstream's V2 speculator does:
   can use them.
 
 Drafts without ``topk`` whose head is the plain ``W2 · W1[token]`` product
-(``markov_weights``) take the fused kernels of ``markov_kernel`` where Triton runs (CUDA): n + 1
-launches for the block instead of about four (greedy) or ten (sampled) a position.
+(``markov_weights``) take the fused kernels of ``markov_kernel`` where Triton runs (CUDA): one
+cooperative launch for the block, or n + 1 where the device does not run that one, instead of
+about four (greedy) or ten (sampled) launches a position.
 """
 
 from collections.abc import Callable
@@ -173,7 +174,9 @@ def plain_markov_weights(
     head: DSparkMarkovHead, logits_processor: LogitsProcessor
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """``(W1, W2)`` when ``head.bias`` through ``logits_processor`` is exactly ``W2 · W1[token]``
-    (unquantized, unsharded, unscaled, uncapped): what the fused greedy chain computes."""
+    (unquantized, unsharded, unscaled, uncapped): what the fused chain computes. Called once the
+    draft has loaded, before the runner captures CUDA graphs: where the fused kernels run, it
+    readies them on the weights' device (``markov_kernel.prepare``)."""
     w2 = head.markov_w2
     plain = (
         isinstance(w2.quant_method, UnquantizedEmbeddingMethod)
@@ -183,7 +186,14 @@ def plain_markov_weights(
         and logits_processor.soft_cap is None
         and not logits_processor.logits_as_input
     )
-    return (head.markov_w1.weight, w2.weight) if plain else None
+    if not plain:
+        return None
+    weights = head.markov_w1.weight, w2.weight
+    if fused_kernels_run_on(w2.weight):
+        from vllm.v1.spec_decode.dspark import markov_kernel
+
+        markov_kernel.prepare(*weights)
+    return weights
 
 
 def fused_kernels_run_on(tensor: torch.Tensor) -> bool:
