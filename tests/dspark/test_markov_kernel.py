@@ -10,6 +10,7 @@ programs one after another; its grid barrier between programs runs only on a GPU
 Triton's interpreter must be on when Triton is first imported (its own library functions are
 built then), so the comparison runs in a fresh interpreter with ``TRITON_INTERPRET=1``."""
 
+import functools
 import os
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def test_fused_greedy_chain_drafts_what_the_torch_chain_does():
     assert "ties keep the first token" in result.stdout, result.stdout[-3000:]
     assert "the whole chain drafts the same" in result.stdout, result.stdout[-3000:]
     assert "a disagreeing whole chain stays off" in result.stdout, result.stdout[-3000:]
+    assert "ranks padded for tl.dot draft the same" in result.stdout, result.stdout[-3000:]
 
 
 def compare_interpreted_with_torch() -> None:
@@ -102,6 +104,7 @@ def compare_interpreted_with_torch() -> None:
     check_ties_keep_the_first_token()
     compare_whole_chain(head, bias, weights)
     check_a_disagreeing_whole_chain_stays_off(weights)
+    compare_ranks_tl_dot_pads()
     print("same drafts")
 
 
@@ -248,6 +251,30 @@ def check_ties_keep_the_first_token() -> None:
     finally:
         markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = sizes
     print("ties keep the first token")
+
+
+def compare_ranks_tl_dot_pads() -> None:
+    """Markov ranks below the 16 columns ``tl.dot`` takes, and one that is no power of two (the
+    tiny drafts of the engine tests have rank 8 or 16): greedy drafts as the torch chain's."""
+    from torch.nn import functional
+
+    from vllm.v1.spec_decode.dspark import markov_kernel
+
+    g = torch.Generator().manual_seed(4)
+    for rank in (8, 24):
+        w1, w2 = torch.randn(VOCAB, rank, generator=g), torch.randn(VOCAB, rank, generator=g)
+        base = 4 * torch.randn(BATCH, N, VOCAB, generator=g)
+        anchors = torch.randint(0, VOCAB, (BATCH,), generator=g)
+        drafts = torch.empty(BATCH, N, dtype=torch.int64)
+        markov_kernel.greedy_markov_chain(base, anchors, w1, w2, drafts)
+        expected = markov_chain(
+            base,
+            anchors,
+            functools.partial(functional.embedding, weight=w1),
+            functools.partial(functional.linear, weight=w2),
+        )
+        assert torch.equal(drafts, expected.token_ids), rank
+    print("ranks padded for tl.dot draft the same")
 
 
 def compare_whole_chain(head, bias, weights) -> None:

@@ -56,7 +56,8 @@ logger = init_logger(__name__)
 
 # Vocabulary tokens a block: 152k tokens give about 600 blocks.
 BLOCK = 256
-# Markov-rank columns a program multiplies at a time.
+# Markov-rank columns a program multiplies at a time: at most 64, at least the 16 ``tl.dot``
+# takes (a smaller rank is padded with zeros).
 K_CHUNK = 64
 # Block scores of the previous position a program reduces at a time.
 REDUCE_CHUNK = 256
@@ -187,9 +188,16 @@ def _block_scores(
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     for k0 in tl.static_range(0, RANK, K_CHUNK):
         k = k0 + tl.arange(0, K_CHUNK)
-        e = tl.load(w1_ptr + prev[:, None] * RANK + k[None, :], mask=row_mask[:, None], other=0.0)
+        kmask = k < RANK
+        e = tl.load(
+            w1_ptr + prev[:, None] * RANK + k[None, :],
+            mask=row_mask[:, None] & kmask[None, :],
+            other=0.0,
+        )
         w = tl.load(
-            w2_ptr + v[None, :].to(tl.int64) * RANK + k[:, None], mask=vmask[None, :], other=0.0
+            w2_ptr + v[None, :].to(tl.int64) * RANK + k[:, None],
+            mask=vmask[None, :] & kmask[:, None],
+            other=0.0,
         )
         acc = tl.dot(e, w, acc, input_precision="ieee")
     dtype = base_ptr.dtype.element_ty
@@ -495,13 +503,10 @@ def _chain_kernel(
 
 def supported(w1: torch.Tensor, w2: torch.Tensor, base_logits: torch.Tensor) -> bool:
     """Whether the kernels take these weights and ``[B, n, V]`` base logits: one dtype for all
-    three (the kernels round the bias and the sum to it) and a rank ``tl.dot`` takes."""
-    rank = w1.shape[1]
+    three (the kernels round the bias and the sum to it)."""
     return (
         w1.dtype == w2.dtype == base_logits.dtype
-        and w2.shape[1] == rank
-        and rank >= 16
-        and rank & (rank - 1) == 0
+        and w2.shape[1] == w1.shape[1]
         and w2.shape[0] >= base_logits.shape[-1]
         and w1.is_contiguous()
         and w2.is_contiguous()
@@ -665,6 +670,10 @@ def _replayed(
     return drafts.clone(), probs.clone()
 
 
+def _k_chunk(rank: int) -> int:
+    return max(16, min(K_CHUNK, triton.next_power_of_2(rank)))
+
+
 def rows_per_program(num_requests: int) -> int:
     """Requests one program takes: all of them up to ``MAX_ROWS``, so that W2 is read once a
     position; larger batches take several tiles, whose programs of one vocabulary block are
@@ -738,7 +747,7 @@ def _whole_chain(
         RANK=w1.shape[1],
         ROWS=rows,
         BLOCK=BLOCK,
-        K_CHUNK=min(K_CHUNK, w1.shape[1]),
+        K_CHUNK=_k_chunk(w1.shape[1]),
         SHARES_POW2=triton.next_power_of_2(shares),
         SAMPLING_EPS=_SAMPLING_EPS,
         launch_cooperative_grid=True,
@@ -796,7 +805,7 @@ def _per_position_chain(
             RANK=w1.shape[1],
             ROWS=rows,
             BLOCK=BLOCK,
-            K_CHUNK=min(K_CHUNK, w1.shape[1]),
+            K_CHUNK=_k_chunk(w1.shape[1]),
             REDUCE_CHUNK=REDUCE_CHUNK,
             SAMPLING_EPS=_SAMPLING_EPS,
         )
