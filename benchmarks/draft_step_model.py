@@ -19,11 +19,8 @@ head. Each kernel is counted unfused, except what vLLM fuses on CUDA (its custom
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import triton
-
-from vllm.v1.spec_decode.dspark.markov_kernel import rows_per_program
 
 
 @dataclass(frozen=True)
@@ -209,7 +206,11 @@ def step_cost(
         if topk is not None:
             cost.activation_bytes += logit_rows  # the top-k of the base logits, once
         # The fused kernels read W2 once per tile of requests, the GEMMs of the top-k chain once.
-        w2_reads = triton.cdiv(batch, rows_per_program(batch)) if fused else 1
+        # (Imported here: Model Runner V2's lane counts its steps with this module and must not
+        # import the overlay.)
+        from vllm.v1.spec_decode.dspark.markov_kernel import rows_per_program
+
+        w2_reads = math.ceil(batch / rows_per_program(batch)) if fused else 1
         for _ in range(k):
             cost.weight_bytes += batch * r * 2 + w2_reads * r * columns * 2  # W1 rows, W2
             cost.flops += 2 * batch * r * min(columns, g.vocab)
