@@ -103,15 +103,27 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _unit_seconds[0] += report.duration
 
 
+def _tier_alone(config: pytest.Config) -> bool:
+    """Whether the run holds the unit tier alone (``make test-fast``): only then does its time
+    measure the tier; beside the engine tests of another worker it measures the box's load."""
+    return config.getoption("markexpr") == "unit"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if _unit_seconds[0]:
-        over = " OVER BUDGET: the run fails" if _unit_seconds[0] > UNIT_BUDGET_S else ""
+        if not _tier_alone(terminalreporter.config):
+            verdict = "; enforced where the tier runs alone, `make test-fast`"
+        elif _unit_seconds[0] > UNIT_BUDGET_S:
+            verdict = "; OVER BUDGET: the run fails"
+        else:
+            verdict = ""
         terminalreporter.write_line(
             f"unit tier: {_unit_seconds[0]:.0f} s of setup and call time "
-            f"(budget {UNIT_BUDGET_S:.0f} s){over}"
+            f"(budget {UNIT_BUDGET_S:.0f} s{verdict})"
         )
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _unit_seconds[0] > UNIT_BUDGET_S and exitstatus == pytest.ExitCode.OK:
+    over = _unit_seconds[0] > UNIT_BUDGET_S
+    if over and _tier_alone(session.config) and exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
