@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # SPDX-FileCopyrightText: Copyright contributors to the dspark-vllm project
 """The unit tier's guard fails a unit test that starts a vLLM engine, here or in a child process,
-or imports vLLM in a child, even when the test swallows the error; an engine-tier test may."""
+or imports vLLM in a child, even when the test swallows the error; an engine-tier test may, and
+so may the child in which vLLM's model registry inspects an architecture."""
 
 import subprocess
 import sys
@@ -18,6 +19,9 @@ FAKE_VLLM = {
     "vllm/v1/__init__.py": "",
     "vllm/v1/engine/__init__.py": "",
     "vllm/v1/engine/core.py": "class EngineCore:\n    def __init__(self):\n        pass\n",
+    "vllm/model_executor/__init__.py": "",
+    "vllm/model_executor/models/__init__.py": "",
+    "vllm/model_executor/models/registry.py": "",
 }
 
 PLANTED = """
@@ -53,6 +57,11 @@ def test_imports_vllm_in_a_child():
     subprocess.run([sys.executable, "-c", code], env={{"PYTHONPATH": FAKE}}, check=True)
 
 
+def test_runs_vllms_model_registry_probe():
+    command = [sys.executable, "-m", "vllm.model_executor.models.registry"]
+    subprocess.run(command, env={{"PYTHONPATH": FAKE}}, check=True)
+
+
 def test_starts_nothing():
     subprocess.run([sys.executable, "-c", "pass"], check=True)
 
@@ -82,7 +91,7 @@ def test_a_unit_test_that_starts_an_engine_fails(tmp_path):
         check=False,
     )
     out = result.stdout
-    assert "3 failed, 2 passed" in out, out + result.stderr
+    assert "3 failed, 3 passed" in out, out + result.stderr
     assert "FAILED test_planted.py::test_starts_an_engine_in_process" in out
     assert "FAILED test_planted.py::test_starts_an_engine_in_a_child" in out
     assert "FAILED test_planted.py::test_imports_vllm_in_a_child" in out
