@@ -49,8 +49,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: file_rank[item.path])  # stable: files stay whole, in order
 
 
-# The unit tier's rules, enforced: no vLLM engine in the test's process or any child it starts
-# (tests/tier_guard/engine_guard.py), and a budget for the tier's summed setup and call time.
+# The unit tier's rules: no vLLM engine in the test's process or any child it starts
+# (tests/tier_guard/engine_guard.py), enforced; a budget for its summed setup and call time.
 UNIT_BUDGET_S = 200.0
 """Summed over workers; `make test-fast` runs the tier on two (wall time about half of it)."""
 _unit_seconds = [0.0]  # in the process that gets every report: xdist's controller, or the only one
@@ -103,27 +103,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _unit_seconds[0] += report.duration
 
 
-def _tier_alone(config: pytest.Config) -> bool:
-    """Whether the run holds the unit tier alone (``make test-fast``): only then does its time
-    measure the tier; beside the engine tests of another worker it measures the box's load."""
-    return config.getoption("markexpr") == "unit"
-
-
 def pytest_terminal_summary(terminalreporter) -> None:
+    """The tier's time against its budget, printed, not enforced: a timed assertion would fail
+    on a slower host (an AVX2-only EPYC sums 316 s) or beside the engine tests of the other
+    worker, where the load, not the tier, decides the sum."""
     if _unit_seconds[0]:
-        if not _tier_alone(terminalreporter.config):
-            verdict = "; enforced where the tier runs alone, `make test-fast`"
-        elif _unit_seconds[0] > UNIT_BUDGET_S:
-            verdict = "; OVER BUDGET: the run fails"
-        else:
-            verdict = ""
+        over = "; over budget" if _unit_seconds[0] > UNIT_BUDGET_S else ""
         terminalreporter.write_line(
             f"unit tier: {_unit_seconds[0]:.0f} s of setup and call time "
-            f"(budget {UNIT_BUDGET_S:.0f} s{verdict})"
+            f"(budget {UNIT_BUDGET_S:.0f} s{over})"
         )
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    over = _unit_seconds[0] > UNIT_BUDGET_S
-    if over and _tier_alone(session.config) and exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
