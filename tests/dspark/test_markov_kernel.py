@@ -140,11 +140,10 @@ def vllm_sampler_with_noise(temperature: torch.Tensor, uniforms: torch.Tensor) -
     return sample
 
 
-def compare_sampled(base, anchors, head, bias, weights) -> None:
-    """Sampled drafts at temperatures 0 (greedy), 0.8 and 1.3: the kernel's tokens are vLLM's
-    sampler's given the kernel's noise, and its distributions are the torch chain's."""
-    temperature = torch.tensor([0.0, 0.8, 1.3])
-    torch.manual_seed(5)
+def sampled_pair(base, anchors, head, bias, weights, temperature, seed: int):
+    """``(fused, reference)``: the fused chain's sampled drafts under ``seed``, and the torch
+    chain's through vLLM's sampler given the noise the kernels drew."""
+    torch.manual_seed(seed)
     fused = markov_chain(
         base,
         anchors,
@@ -153,8 +152,8 @@ def compare_sampled(base, anchors, head, bias, weights) -> None:
         sample=SampledDrafts(temperature, lambda rows: pytest.fail("not fused")),
         markov_weights=weights,
     )
-    torch.manual_seed(5)  # the seed the fused chain drew
-    uniforms = kernel_uniforms(torch.randint(2**62, (1,)), BATCH, N, VOCAB)
+    torch.manual_seed(seed)  # the seed the fused chain drew
+    uniforms = kernel_uniforms(torch.randint(2**62, (1,)), *base.shape)
     sampler = vllm_sampler_with_noise(temperature, uniforms)
     reference = markov_chain(
         base, anchors, head.embed, bias, sample=SampledDrafts(temperature, lambda rows: sampler)
@@ -162,6 +161,14 @@ def compare_sampled(base, anchors, head, bias, weights) -> None:
     assert torch.equal(fused.token_ids, reference.token_ids), (fused.token_ids, reference.token_ids)
     assert fused.probs is not None and reference.probs is not None
     torch.testing.assert_close(fused.probs, reference.probs, rtol=1e-5, atol=1e-7)
+    return fused, reference
+
+
+def compare_sampled(base, anchors, head, bias, weights) -> None:
+    """Sampled drafts at temperatures 0 (greedy), 0.8 and 1.3: the kernel's tokens are vLLM's
+    sampler's given the kernel's noise, and its distributions are the torch chain's."""
+    temperature = torch.tensor([0.0, 0.8, 1.3])
+    fused, _ = sampled_pair(base, anchors, head, bias, weights, temperature, seed=5)
     # The noise matters: the sampled rows are not all their argmax.
     assert not torch.equal(fused.token_ids[1:], fused.probs[1:].argmax(-1))
     print("same sampled drafts")
@@ -210,23 +217,7 @@ def compare_tiles(head, bias, weights, batch: int = 33) -> None:
         assert torch.equal(fused.token_ids, markov_chain(base, anchors, head.embed, bias).token_ids)
         temperature = torch.rand(batch, generator=g) + 0.5
         temperature[::5] = 0.0
-        torch.manual_seed(6)
-        fused = markov_chain(
-            base,
-            anchors,
-            head.embed,
-            bias,
-            sample=SampledDrafts(temperature, lambda rows: pytest.fail("not fused")),
-            markov_weights=weights,
-        )
-        torch.manual_seed(6)
-        uniforms = kernel_uniforms(torch.randint(2**62, (1,)), batch, N, VOCAB)
-        sampler = vllm_sampler_with_noise(temperature, uniforms)
-        sampled = SampledDrafts(temperature, lambda rows: sampler)
-        reference = markov_chain(base, anchors, head.embed, bias, sample=sampled)
-        assert torch.equal(fused.token_ids, reference.token_ids)
-        assert fused.probs is not None and reference.probs is not None
-        torch.testing.assert_close(fused.probs, reference.probs, rtol=1e-5, atol=1e-7)
+        sampled_pair(base, anchors, head, bias, weights, temperature, seed=6)
     finally:
         markov_kernel.BLOCK, markov_kernel.REDUCE_CHUNK = sizes
     print("same drafts in tiles")

@@ -119,6 +119,14 @@ def _rewrite_as_softmax(
 
 
 @triton.jit
+def _merge_exp_sums(run_max, run_sum, new_max, new_sum):
+    """Two ``(maximum, exponential sum)`` pairs of a row's scaled logits as one (the online
+    softmax's merge)."""
+    top = tl.maximum(run_max, new_max)
+    return top, run_sum * tl.exp(run_max - top) + new_sum * tl.exp(new_max - top)
+
+
+@triton.jit
 def _normalize_block(
     probs_ptr,
     probs_stride,
@@ -134,15 +142,6 @@ def _normalize_block(
 ):
     """Rewrite this program's block of scaled logits as the softmax over the vocabulary."""
     total_max = tl.full([ROWS], float("-inf"), tl.float32)
-    for j0 in range(0, num_blocks, REDUCE_CHUNK):
-        j = j0 + tl.arange(0, REDUCE_CHUNK)
-        block_max = tl.load(
-            max_ptr + rows[:, None] * num_blocks + j[None, :],
-            mask=row_mask[:, None] & (j < num_blocks)[None, :],
-            other=float("-inf"),
-        )
-        total_max = tl.maximum(total_max, tl.max(block_max, axis=1))
-    total_max = tl.where(row_mask, total_max, 0.0)
     total = tl.zeros([ROWS], tl.float32)
     for j0 in range(0, num_blocks, REDUCE_CHUNK):
         j = j0 + tl.arange(0, REDUCE_CHUNK)
@@ -151,7 +150,9 @@ def _normalize_block(
             max_ptr + rows[:, None] * num_blocks + j[None, :], mask=mask, other=float("-inf")
         )
         block_sum = tl.load(sum_ptr + rows[:, None] * num_blocks + j[None, :], mask=mask, other=0.0)
-        total += tl.sum(block_sum * tl.exp(block_max - total_max[:, None]), axis=1)
+        chunk_max = tl.where(row_mask, tl.max(block_max, axis=1), 0.0)
+        chunk_sum = tl.sum(block_sum * tl.exp(block_max - chunk_max[:, None]), axis=1)
+        total_max, total = _merge_exp_sums(total_max, total, chunk_max, chunk_sum)
     total = tl.where(row_mask, total, 1.0)
     _rewrite_as_softmax(probs_ptr, probs_stride, total_max, total, rows, row_mask, v, vmask)
 
@@ -456,11 +457,7 @@ def _chain_kernel(
                 best_token = tl.where(better, b * BLOCK + idx, best_token)
                 best = tl.where(better, value, best)
                 if SAMPLED:
-                    new_max = tl.maximum(run_max, block_max)
-                    run_sum = run_sum * tl.exp(run_max - new_max) + block_sum * tl.exp(
-                        block_max - new_max
-                    )
-                    run_max = new_max
+                    run_max, run_sum = _merge_exp_sums(run_max, run_sum, block_max, block_sum)
             tl.store(part_score_ptr + parts + share, best, mask=row_mask)
             tl.store(part_arg_ptr + parts + share, best_token, mask=row_mask)
             if SAMPLED:
